@@ -1,0 +1,109 @@
+"""Which device are we on, and what can it do?
+
+`pick_device()` prefers cuda > mps > cpu. `describe()` returns a `DeviceInfo`
+that every notebook prints in its setup cell, so a learner (and whoever reads
+their output) knows which numbers are live and which are a fallback.
+
+Importing this module touches no GPU: CUDA is queried only when a function is
+called.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["DeviceInfo", "pick_device", "describe", "on_colab"]
+
+
+def on_colab() -> bool:
+    """True inside Google Colab (the `google.colab` module is importable there)."""
+    return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """Return the best available device: cuda > mps > cpu.
+
+    `prefer` forces one of "cuda", "mps", "cpu" (raises if it is not available).
+    The environment variable MEMLAB_DEVICE does the same for a whole session,
+    so a learner with a GPU can still run a notebook the CPU way.
+    """
+    prefer = prefer or os.environ.get("MEMLAB_DEVICE") or None
+    if prefer is not None:
+        if prefer not in ("cuda", "mps", "cpu"):
+            raise ValueError(f"prefer must be one of 'cuda', 'mps', 'cpu' (or None), got {prefer!r}")
+        if prefer == "cuda" and not torch.cuda.is_available():
+            raise ValueError("prefer='cuda' but torch.cuda.is_available() is False on this machine")
+        if prefer == "mps" and not torch.backends.mps.is_available():
+            raise ValueError("prefer='mps' but torch.backends.mps.is_available() is False on this machine")
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    type: str                      # "cuda", "mps" or "cpu"
+    name: str                      # marketing name of the GPU, or the CPU's
+    total_bytes: int | None        # device memory (CUDA: from the driver; CPU/MPS: None)
+    bf16: bool                     # bf16 tensors supported (on CUDA: natively, sm_80+)
+    compute_capability: tuple[int, int] | None  # CUDA (major, minor), else None
+    flash_attn_eligible: bool      # FlashAttention-2 kernels need CUDA sm_80+ (Ampere or newer)
+    flash_attn_installed: bool     # the optional `flash_attn` package is importable
+    colab: bool                    # running inside Google Colab
+    torch_version: str
+
+    def summary(self) -> str:
+        gib = f"{self.total_bytes / 2**30:.1f} GiB" if self.total_bytes else "n/a (host RAM)"
+        cc = f"sm_{self.compute_capability[0]}{self.compute_capability[1]}" if self.compute_capability else "n/a"
+        lines = [
+            f"device        : {self.type} ({self.name})",
+            f"memory        : {gib}",
+            f"compute cap.  : {cc}",
+            f"bf16          : {'yes' if self.bf16 else 'no'}",
+            f"flash-attn    : {'eligible' if self.flash_attn_eligible else 'not eligible'}"
+            f"{' and installed' if self.flash_attn_installed else ', package not installed'}",
+            f"Colab         : {'yes' if self.colab else 'no'}",
+            f"torch         : {self.torch_version}",
+        ]
+        if self.type != "cuda":
+            lines.append("note          : no CUDA here: memory is measured exactly by memlab's tracker; "
+                         "GPU-only cells use the virtual GPU or labelled recorded numbers")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:  # print(describe()) shows the summary
+        return self.summary()
+
+
+def describe(device: torch.device | str | None = None) -> DeviceInfo:
+    """Describe `device` (default: `pick_device()`)."""
+    if device is None:
+        device = pick_device()
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    device = torch.device(device)
+    flash_installed = importlib.util.find_spec("flash_attn") is not None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device is 'cuda' but CUDA is not available on this machine")
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        cc = (props.major, props.minor)
+        return DeviceInfo("cuda", props.name, int(props.total_memory), bool(torch.cuda.is_bf16_supported()),
+                          cc, cc >= (8, 0), flash_installed, on_colab(), torch.__version__)
+    if device.type == "mps":
+        return DeviceInfo("mps", "Apple GPU (MPS)", None, True, None, False, flash_installed, on_colab(),
+                          torch.__version__)
+    if device.type == "cpu":
+        name = platform.processor() or platform.machine() or "CPU"
+        return DeviceInfo("cpu", f"{name}, {os.cpu_count()} logical cores", None, True, None, False,
+                          flash_installed, on_colab(), torch.__version__)
+    raise ValueError(f"device type must be 'cuda', 'mps' or 'cpu', got {device.type!r}")

@@ -1,0 +1,371 @@
+"""Formulas that predict the bytes before we measure them.
+
+Every function states its source and its assumptions. Byte counts are exact
+storage bytes (no allocator rounding); `memlab.MemoryTracker` measures the same
+quantity, so a prediction and a measurement can be compared to the byte.
+
+Notation: P = parameter bytes, G = gradient bytes, O = optimizer-state bytes,
+B = batch, T = sequence length, C = width (n_embd), V = vocabulary,
+u = B*T*C*4 bytes (one fp32 activation of the residual stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import GPTConfig
+
+__all__ = ["param_count", "mlp_param_count", "gpt_param_count", "BYTES_PER_PARAM", "model_state_bytes",
+           "optimizer_step_temp_bytes", "mlp_activation_bytes", "gpt_activation_bytes",
+           "korthikanti_activation_bytes", "zero_model_state_bytes", "Estimate", "mlp_peak_bytes",
+           "gpt_peak_bytes"]
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+PRECISIONS = ("fp32", "amp", "bf16")
+
+
+def _pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _choice(name, v, allowed):
+    if v not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+
+
+# ----------------------------------------------------------------------------- parameters
+def mlp_param_count(d_in: int, width: int, depth: int, d_out: int, bias: bool = True) -> int:
+    """Parameters of `memlab.MLP`: depth hidden Linear layers plus an output layer."""
+    for n, v in (("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
+        _pos_int(n, v)
+    dims = [d_in] + [width] * depth + [d_out]
+    return sum(a * b + (b if bias else 0) for a, b in zip(dims[:-1], dims[1:]))
+
+
+def gpt_param_count(cfg: GPTConfig) -> int:
+    """Parameters of `memlab.GPT` (a tied embedding counts once).
+
+    Per block: attention 4C^2 (+4C biases), MLP 2CF (gelu) or 3CF (swiglu)
+    (+F+C biases), two norms 2C each (LayerNorm with bias) or C (RMSNorm).
+    The familiar 12*L*C^2 rule is this with F = 4C and small terms dropped.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    C, F, V, L = cfg.n_embd, cfg.mlp_hidden, cfg.vocab_size, cfg.n_layer
+    norm = (2 * C if cfg.bias else C) if cfg.norm == "layernorm" else C
+    attn = 4 * C * C + (4 * C if cfg.bias else 0)
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * C * F + ((2 if cfg.mlp == "swiglu" else 1) * F + C if cfg.bias else 0)
+    block = attn + mlp + 2 * norm
+    emb = V * C + (cfg.block_size * C if cfg.pos == "learned" else 0)
+    head = 0 if cfg.tie_weights else V * C
+    return L * block + emb + norm + head
+
+
+def param_count(model_or_cfg) -> int:
+    """Parameters of an nn.Module (counted), a GPTConfig (formula)."""
+    import torch
+    if isinstance(model_or_cfg, GPTConfig):
+        return gpt_param_count(model_or_cfg)
+    if isinstance(model_or_cfg, torch.nn.Module):
+        return sum(p.numel() for p in model_or_cfg.parameters())
+    raise TypeError(f"model_or_cfg must be an nn.Module or a GPTConfig, got {type(model_or_cfg).__name__}")
+
+
+# ----------------------------------------------------------------------------- model states
+# (weights, gradients, optimizer state) bytes per parameter, for each setup.
+#   fp32: 4-byte weights and grads; Adam keeps exp_avg and exp_avg_sq in fp32.
+#   amp : torch.autocast keeps the fp32 weights and fp32 grads (it casts copies
+#         for the forward), so model states are the same as fp32. The bf16/fp16
+#         weight copies live only during forward/backward (2 B/param, counted
+#         with the activations: autocast's cast cache).
+#   bf16: the model itself in bf16 ("pure bf16"): 2-byte weights, grads and
+#         optimizer state - the risky setup lesson 03 examines.
+_STATE_BYTES = {
+    ("fp32", "sgd"): (4, 4, 0), ("fp32", "momentum"): (4, 4, 4), ("fp32", "adam"): (4, 4, 8),
+    ("amp", "sgd"): (4, 4, 0), ("amp", "momentum"): (4, 4, 4), ("amp", "adam"): (4, 4, 8),
+    ("bf16", "sgd"): (2, 2, 0), ("bf16", "momentum"): (2, 2, 2), ("bf16", "adam"): (2, 2, 4),
+}
+BYTES_PER_PARAM = {k: sum(v) for k, v in _STATE_BYTES.items()}
+
+
+def model_state_bytes(n_params: int, precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
+    """Bytes of weights, gradients and optimizer state for `n_params` parameters.
+
+    Assumes PyTorch's optimizers (torch.optim.SGD/Adam/AdamW) and
+    `zero_grad(set_to_none=True)` *not yet called* (gradients exist). Adam's
+    scalar `step` tensors (4 bytes per parameter tensor) are ignored here.
+    """
+    _pos_int("n_params", n_params)
+    _choice("precision", precision, PRECISIONS)
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    w, g, o = _STATE_BYTES[(precision, optimizer)]
+    return {"parameters": w * n_params, "gradients": g * n_params, "optimizer": o * n_params}
+
+
+def optimizer_step_temp_bytes(param_numels: list[int], optimizer: str = "adam", foreach: bool = False,
+                              bytes_per_element: int = 4) -> int:
+    """Scratch memory of one `optimizer.step()` (torch.optim, PyTorch 2.x).
+
+    Adam, foreach=False (CPU default): per tensor `denom = (exp_avg_sq.sqrt() /
+    bias_correction2_sqrt).add_(eps)` holds two temporaries of that tensor's
+    size at once -> 2 x the largest parameter tensor.
+    Adam, foreach=True (CUDA default): `_foreach_sqrt(exp_avg_sqs)` makes one
+    temporary of *every* parameter at once -> 1 x all parameters. This is why a
+    CUDA Adam step peaks at 20 bytes/param in fp32, not 16.
+    SGD (with or without momentum, steady state): updates in place -> 0.
+    """
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    if not param_numels:
+        raise ValueError("param_numels must list the numel of each parameter tensor")
+    if optimizer != "adam":
+        return 0
+    if foreach:
+        return bytes_per_element * sum(param_numels)
+    return 2 * bytes_per_element * max(param_numels)
+
+
+def zero_model_state_bytes(n_params: int, n_gpus: int, stage: int, optimizer_bytes_per_param: int = 12) -> float:
+    """Per-GPU model-state bytes under ZeRO (Rajbhandari et al. 2020, Fig. 1).
+
+    Mixed-precision Adam with K = 12 bytes/param of optimizer state (fp32 master
+    weights, momentum, variance) plus 2-byte fp16 weights and 2-byte fp16 grads:
+      stage 0 (plain data parallel): (2 + 2 + K) * Psi         = 16 Psi
+      stage 1 (optimizer states)   : 4 Psi + K Psi / N_d
+      stage 2 (+ gradients)        : 2 Psi + (2 + K) Psi / N_d
+      stage 3 (+ parameters)       : (2 + 2 + K) Psi / N_d
+    DeepSpeed's own estimate_zero2 helper prints the stage-2 figure as
+    "4 Psi + 16 Psi / N" because it keeps fp32 grads for offload.
+    """
+    _pos_int("n_params", n_params)
+    _pos_int("n_gpus", n_gpus)
+    _choice("stage", stage, (0, 1, 2, 3))
+    psi, n, k = n_params, n_gpus, optimizer_bytes_per_param
+    return {0: (4 + k) * psi, 1: 4 * psi + k * psi / n, 2: 2 * psi + (2 + k) * psi / n,
+            3: (4 + k) * psi / n}[stage]
+
+
+# ----------------------------------------------------------------------------- activations
+def mlp_activation_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, act: str = "relu",
+                         precision: str = "fp32") -> int:
+    """Bytes autograd saves for backward in one forward of `memlab.MLP` with
+    cross-entropy, excluding the input batch.
+
+    fp32: each hidden layer keeps one (B, width) tensor (ReLU/tanh save their
+    output, which the next Linear also saves as its input); GELU saves its
+    input too (two tensors). The loss keeps log_softmax's (B, d_out) output.
+    amp (CPU/CUDA autocast to a 2-byte type): every Linear saves a 2-byte copy
+    of its input and of its weight (autocast's cast cache), activations are
+    2 bytes, and the loss upcasts the logits to fp32.
+    """
+    for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
+        _pos_int(n, v)
+    _choice("act", act, ("relu", "gelu", "tanh"))
+    _choice("precision", precision, ("fp32", "amp"))
+    per_layer = (2 if act == "gelu" else 1) * batch * width
+    if precision == "fp32":
+        return 4 * depth * per_layer + 4 * batch * d_out + 4  # + total_weight scalar of nll_loss
+    weights = mlp_param_count(d_in, width, depth, d_out, bias=False)
+    return 2 * depth * per_layer + 2 * batch * d_in + 2 * weights + 4 * batch * d_out + 4
+
+
+def gpt_activation_bytes(cfg: GPTConfig, batch: int, seq: int) -> int:
+    """Bytes autograd saves for backward in one fp32 forward of `memlab.GPT`
+    (sdpa attention, GELU MLP, LayerNorm, no dropout), excluding the inputs.
+
+    Per block, in units of u = B*T*C*4 bytes, the tensors kept are: the input
+    ln1's output (1), the qkv projection (3, kept whole because q, k, v are
+    views of it), the attention output (1), the residual after attention (1),
+    ln2's output (1), the MLP's up-projection (F/C, saved by GELU), GELU's
+    output (F/C) and the block output (1, the next block's ln1 input):
+    16 u for F = 4C. Plus
+    LayerNorm's mean and rstd (2 x 2 x B*T*4) and the attention kernel's
+    logsumexp (B*H*T*4). Outside the blocks: the embedding sum (u), ln_f's
+    output (u) and stats, log_softmax's (B, T, V) output, the position index.
+
+    Compare Korthikanti et al. (2022), 34*s*b*h + 5*a*s^2*b bytes per layer for
+    fp16 with dropout: their 34 (in 2-byte units: 17 u) counts dropout masks,
+    and the 5*a*s^2*b term is the (s x s) attention scores, which a fused
+    attention kernel never stores. See `korthikanti_activation_bytes`.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    _pos_int("batch", batch)
+    _pos_int("seq", seq)
+    if cfg.attn != "sdpa" or cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.dropout or cfg.pos != "learned":
+        raise ValueError("gpt_activation_bytes models the default block (attn='sdpa', mlp='gelu', "
+                         "norm='layernorm', pos='learned', dropout=0); got a different GPTConfig")
+    B, T, C, V, H, F, L = batch, seq, cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.mlp_hidden, cfg.n_layer
+    u = B * T * C * 4
+    per_block = 8 * u + 2 * B * T * F * 4 + 2 * 2 * B * T * 4 + B * H * T * 4
+    outside = u + (u + 2 * B * T * 4) + B * T * V * 4 + T * 8 + 4
+    return L * per_block + outside
+
+
+def korthikanti_activation_bytes(seq: int, batch: int, hidden: int, heads: int, layers: int = 1) -> int:
+    """Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", eq. (1): activation bytes per transformer layer with
+    16-bit activations, dropout, no parallelism: s*b*h*(34 + 5*a*s/h)."""
+    for n, v in (("seq", seq), ("batch", batch), ("hidden", hidden), ("heads", heads), ("layers", layers)):
+        _pos_int(n, v)
+    s, b, h, a = seq, batch, hidden, heads
+    return layers * (34 * s * b * h + 5 * a * s * s * b)
+
+
+# ----------------------------------------------------------------------------- peak of a training step
+@dataclass
+class Estimate:
+    """A predicted training step: the peak and what is live at it."""
+    peak: int                       # bytes
+    phase: str                      # "forward", "backward" or "step"
+    breakdown: dict[str, int]       # category -> bytes at the predicted peak
+    candidates: dict[str, int]      # the peak of each phase
+
+    def __str__(self):
+        from .track import format_bytes
+        return f"predicted peak {format_bytes(self.peak)} in {self.phase}: " + ", ".join(
+            f"{k} {format_bytes(v)}" for k, v in self.breakdown.items())
+
+
+def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *, act: str = "relu",
+                   optimizer: str = "adam", precision: str = "fp32", foreach: bool = False,
+                   first_step: bool = False) -> Estimate:
+    """Peak bytes of one `memlab.train_step` of `memlab.MLP` (cross-entropy,
+    zero_grad(set_to_none=True) after the step), counting the input batch
+    (fp32 x, int64 labels) created for the step.
+
+    Walks the step as autograd runs it: forward layer by layer (a Linear's
+    output and its activation's output are alive together), backward from the
+    loss (each Linear allocates grad_input, grad_weight and grad_bias while its
+    incoming gradient is alive; saved tensors are freed once their last user
+    has run), then the optimizer step (state + scratch, see
+    `optimizer_step_temp_bytes`). `first_step=True`: no optimizer state yet
+    before the step (PyTorch creates it lazily inside the first step()).
+    """
+    for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
+        _pos_int(n, v)
+    _choice("act", act, ("relu", "gelu", "tanh"))
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    _choice("precision", precision, ("fp32", "amp"))
+    dims = [d_in] + [width] * depth + [d_out]
+    numels = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        numels += [a * b, b]
+    n_params = sum(numels)
+    state = model_state_bytes(n_params, precision, optimizer)
+    P = state["parameters"]
+    O_full = state["optimizer"] + (4 * len(numels) if optimizer == "adam" else 0)  # + Adam's step scalars
+    O = 0 if first_step else O_full
+    b = 4 if precision == "fp32" else 2           # bytes of a hidden activation
+    X = batch * d_in * 4 + batch * 8               # input batch: fp32 features, int64 labels
+    Bw, Bo = batch * width * b, batch * d_out
+    gelu = act == "gelu"
+    base = P + O + X
+    amp = precision == "amp"
+
+    # ---- forward
+    saved = 0                                      # bytes saved for backward so far
+    fwd_peak = 0
+    for i in range(depth):
+        wcast = 2 * (dims[i] * width + width) if amp else 0   # bf16 copy of W and b (cast cache)
+        xcast = 2 * batch * d_in if (amp and i == 0) else 0   # bf16 copy of the fp32 input
+        saved += wcast + xcast
+        fwd_peak = max(fwd_peak, base + saved + 2 * Bw)        # Linear out + activation out
+        saved += Bw * (2 if gelu else 1)
+    wcast = 2 * (width * d_out + d_out) if amp else 0
+    saved += wcast
+    logits = Bo * b
+    lsm = Bo * 4
+    up = Bo * 4 if amp else 0                       # autocast runs the loss in fp32: upcast copy
+    fwd_peak = max(fwd_peak, base + saved + logits + up + lsm)
+    saved += lsm + 4                                # log_softmax output, nll's total_weight
+    fwd_end = base + saved + 4                      # + the loss scalar
+
+    # ---- backward (grads are fp32: they match the fp32 parameters)
+    G = 0
+    live_saved = saved
+    bwd_peak = fwd_end + 2 * Bo * 4                 # nll grad and log_softmax grad together
+    live_saved -= lsm + 4
+    g_in = Bo * 4 if not amp else Bo * 2            # gradient arriving at the last Linear
+    for i in reversed(range(depth + 1)):
+        n_in, n_out = dims[i], dims[i + 1]
+        gw = 4 * (n_in * n_out + n_out)
+        gx = batch * n_in * b if i > 0 else 0       # no grad for the input batch
+        if amp:
+            # mm gives a 2-byte grad_weight; the cast's backward turns it into the fp32
+            # .grad after the incoming gradient and the cached 2-byte weight are freed
+            half = 2 * (n_in * n_out + n_out)
+            bwd_peak = max(bwd_peak, base + G + live_saved + g_in + gx + half)
+            live_saved -= half + (2 * batch * d_in if i == 0 else 0)
+            bwd_peak = max(bwd_peak, base + G + live_saved + gx + half + gw)
+        else:
+            bwd_peak = max(bwd_peak, base + G + live_saved + g_in + gx + gw)
+        G += gw
+        if i == 0:
+            break
+        # activation backward for hidden layer i-1: grad w.r.t. its pre-activation.
+        # GELU saved its input, not its output: the output (saved only by the
+        # Linear above) is released before GELU's backward runs.
+        if gelu:
+            live_saved -= Bw
+        bwd_peak = max(bwd_peak, base + G + live_saved + gx + Bw)
+        live_saved -= Bw                            # its saved tensor is released
+        g_in = Bw
+
+    # ---- optimizer step
+    temp = optimizer_step_temp_bytes(numels, optimizer, foreach)
+    step_peak = P + O_full + X + G + temp
+    cands = {"forward": fwd_peak, "backward": bwd_peak, "step": step_peak}
+    ph = max(cands, key=cands.get)
+    if ph == "step":
+        bd = {"parameters": P, "gradients": G, "optimizer": O_full, "activations": 0, "temporaries": X + temp}
+    elif ph == "forward":
+        bd = {"parameters": P, "gradients": 0, "optimizer": O, "activations": saved, "temporaries": X}
+    else:
+        bd = {"parameters": P, "gradients": 0, "optimizer": O, "activations": saved,
+              "temporaries": bwd_peak - P - O - saved}
+    return Estimate(cands[ph], ph, bd, cands)
+
+
+def gpt_peak_bytes(cfg: GPTConfig, batch: int, seq: int, *, optimizer: str = "adam", foreach: bool = False,
+                   first_step: bool = False) -> Estimate:
+    """Peak bytes of one fp32 `memlab.train_step` of `memlab.GPT` (default block,
+    see `gpt_activation_bytes`), counting the int64 input and target tokens.
+
+    Candidates: the end of the forward (all activations, logits and
+    log_softmax's output alive together), the start of the backward (two
+    (B, T, V) gradients), the last block's MLP backward (its up-projection
+    gradient of B*T*F*4 beside the residual gradient), and the optimizer step.
+    """
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    A = gpt_activation_bytes(cfg, batch, seq)
+    B, T, C, V, F = batch, seq, cfg.n_embd, cfg.vocab_size, cfg.mlp_hidden
+    n_params = gpt_param_count(cfg)
+    state = model_state_bytes(n_params, "fp32", optimizer)
+    P = state["parameters"]
+    n_tensors = 4 + (2 if cfg.pos == "learned" else 0) + cfg.n_layer * (12 if cfg.bias else 6)
+    O_full = state["optimizer"] + (4 * n_tensors if optimizer == "adam" else 0)
+    O = 0 if first_step else O_full
+    X = 2 * B * T * 8
+    base = P + O + X
+    u = B * T * C * 4
+    logits = B * T * V * 4
+    fwd_peak = base + A - 4 + logits                       # logits and log_softmax output together
+    bwd_start = base + A + 2 * logits                      # nll grad + log_softmax grad
+    head_done = A - logits - 2 * u - 2 * B * T * 4         # log_softmax out, ln_f out and input, stats freed
+    g_head = V * C * 4 + (2 * C * 4 if cfg.bias else C * 4)
+    bwd_block = base + head_done + g_head + u + B * T * F * 4 + F * C * 4 + C * 4
+    # optimizer step
+    numels = [V * C, F * C, 3 * C * C]                     # the largest tensors decide the for-loop scratch
+    temp = optimizer_step_temp_bytes(numels if not foreach else [n_params], optimizer, foreach)
+    step_peak = P + O_full + X + P + temp
+    cands = {"forward": fwd_peak, "backward": max(bwd_start, bwd_block), "step": step_peak}
+    ph = max(cands, key=cands.get)
+    if ph == "step":
+        bd = {"parameters": P, "gradients": P, "optimizer": O_full, "activations": 0, "temporaries": X + temp}
+    else:
+        bd = {"parameters": P, "gradients": 0, "optimizer": O, "activations": A,
+              "temporaries": cands[ph] - P - O - A}
+    return Estimate(cands[ph], ph, bd, cands)

@@ -1,0 +1,291 @@
+"""The course's models: an MLP chain and a small GPT you can read in one sitting.
+
+Both take `model(x)` -> output and `model(x, targets)` -> scalar loss, so one
+training step (`train_step`) serves every lesson. Shape comments use
+B = batch, T = sequence length, C = n_embd, V = vocab, H = heads, hd = C // H.
+
+`GPTConfig` has presets: `tiny()` for CPU lessons, `gpt2_small()`,
+`gpt2_medium()` and `llama_7b()` (Llama-2-7B's shapes: RMSNorm, SwiGLU,
+RoPE, no biases, untied embeddings) for the virtual GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .track import phase
+
+__all__ = ["MLP", "GPTConfig", "GPT", "train_step", "tiny_llama_config"]
+
+
+# ----------------------------------------------------------------------------- MLP chain
+class MLP(nn.Module):
+    """A chain of `depth` Linear(width, width) + activation layers between an input
+    and an output projection: the simplest model whose activation memory we can
+    predict by hand.
+
+        x (B, d_in) -> Linear -> act -> [Linear -> act] * (depth-1) -> Linear -> (B, d_out)
+    """
+
+    def __init__(self, d_in: int = 256, width: int = 512, depth: int = 4, d_out: int = 10,
+                 act: str = "relu", bias: bool = True):
+        super().__init__()
+        for name, v in (("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if act not in ("relu", "gelu", "tanh"):
+            raise ValueError(f"act must be 'relu', 'gelu' or 'tanh', got {act!r}")
+        self.d_in, self.width, self.depth, self.d_out, self.act_name = d_in, width, depth, d_out, act
+        act_cls = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}[act]
+        layers: list[nn.Module] = []
+        dims = [d_in] + [width] * depth
+        for i in range(depth):
+            layers += [nn.Linear(dims[i], dims[i + 1], bias=bias), act_cls()]
+        layers.append(nn.Linear(width, d_out, bias=bias))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None):
+        out = self.layers(x)                                  # (B, d_out)
+        if targets is None:
+            return out
+        return F.cross_entropy(out, targets)
+
+
+# ----------------------------------------------------------------------------- GPT
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256        # V: tokens (256 = raw bytes, no tokenizer needed)
+    block_size: int = 128        # longest sequence T the model accepts
+    n_layer: int = 4             # transformer blocks
+    n_head: int = 4              # attention heads H (n_embd must divide by it)
+    n_embd: int = 128            # C: width of the residual stream
+    mlp_hidden: int | None = None  # MLP inner width; None = 4*C (gelu) or Llama's 8/3*C rounded (swiglu)
+    mlp: str = "gelu"            # "gelu" (GPT-2) or "swiglu" (Llama)
+    norm: str = "layernorm"      # "layernorm" (GPT-2) or "rmsnorm" (Llama)
+    pos: str = "learned"         # "learned" position table (GPT-2) or "rope" (Llama)
+    attn: str = "sdpa"           # "sdpa" (F.scaled_dot_product_attention: flash/efficient kernels)
+                                 # or "math" (explicit softmax(QK^T)V: stores the (B, H, T, T) scores)
+    bias: bool = True            # biases in Linear and LayerNorm
+    dropout: float = 0.0         # dropout probability (0 = no dropout masks stored)
+    tie_weights: bool = True     # share the token embedding with the output head
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        for name, allowed in (("mlp", ("gelu", "swiglu")), ("norm", ("layernorm", "rmsnorm")),
+                              ("pos", ("learned", "rope")), ("attn", ("sdpa", "math"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.mlp_hidden is None:
+            if self.mlp == "gelu":
+                self.mlp_hidden = 4 * self.n_embd
+            else:  # Llama: 2/3 of 4C, rounded up to a multiple of 256 (11008 for C=4096)
+                self.mlp_hidden = 256 * math.ceil(int(8 * self.n_embd / 3) / 256)
+
+    @classmethod
+    def tiny(cls, **kw) -> "GPTConfig":
+        """~0.8M parameters: trains on a laptop CPU in seconds."""
+        return replace(cls(), **kw)
+
+    @classmethod
+    def gpt2_small(cls, **kw) -> "GPTConfig":
+        """GPT-2 124M (Radford et al. 2019) shapes."""
+        return replace(cls(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768), **kw)
+
+    @classmethod
+    def gpt2_medium(cls, **kw) -> "GPTConfig":
+        """GPT-2 350M shapes."""
+        return replace(cls(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024), **kw)
+
+    @classmethod
+    def llama_7b(cls, **kw) -> "GPTConfig":
+        """Llama-2-7B shapes (Touvron et al. 2023): 6.74B parameters."""
+        return replace(cls(vocab_size=32000, block_size=4096, n_layer=32, n_head=32, n_embd=4096,
+                           mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, tie_weights=False), **kw)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019), as in Llama."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) on (B, H, T, hd), rotate-half form."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # C -> 3C
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope=None):
+        B, T, C = x.shape
+        H = self.cfg.n_head
+        q, k, v = self.qkv(x).split(C, dim=2)                  # 3 x (B, T, C)
+        q = q.view(B, T, H, C // H).transpose(1, 2)            # (B, H, T, hd)
+        k = k.view(B, T, H, C // H).transpose(1, 2)
+        v = v.view(B, T, H, C // H).transpose(1, 2)
+        if rope is not None:
+            q, k = _rope(q, *rope), _rope(k, *rope)
+        if self.cfg.attn == "sdpa":
+            # fused kernel: never materialises the (T, T) scores for backward
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.cfg.dropout if self.training else 0.0)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))   # (B, H, T, T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # saved: (B, H, T, T)
+            att = self.drop(att)
+            y = att @ v                                                  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.drop(self.proj(y))
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        hid = cfg.mlp_hidden
+        self.up = nn.Linear(cfg.n_embd, hid, bias=cfg.bias)                 # C -> F
+        self.gate = nn.Linear(cfg.n_embd, hid, bias=cfg.bias) if self.swiglu else None
+        self.down = nn.Linear(hid, cfg.n_embd, bias=cfg.bias)               # F -> C
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        if self.swiglu:
+            h = F.silu(self.gate(x)) * self.up(x)                          # (B, T, F)
+        else:
+            h = F.gelu(self.up(x))                                          # (B, T, F)
+        return self.drop(self.down(h))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        norm = (lambda: nn.LayerNorm(cfg.n_embd, bias=cfg.bias)) if cfg.norm == "layernorm" \
+            else (lambda: RMSNorm(cfg.n_embd))
+        self.ln1, self.attn, self.ln2, self.mlp = norm(), CausalSelfAttention(cfg), norm(), MLPBlock(cfg)
+
+    def forward(self, x, rope=None):
+        x = x + self.attn(self.ln1(x), rope)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer (nanoGPT-like). `model(idx)` -> logits (B, T, V);
+    `model(idx, targets)` -> mean cross-entropy loss."""
+
+    def __init__(self, cfg: GPTConfig | None = None):
+        super().__init__()
+        cfg = cfg or GPTConfig()
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)                   # V x C
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias) if cfg.norm == "layernorm" else RMSNorm(cfg.n_embd)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)         # C -> V
+        if cfg.tie_weights:
+            self.head.weight = self.wte.weight
+        if cfg.pos == "rope":
+            hd = cfg.n_embd // cfg.n_head
+            inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+            ang = torch.outer(torch.arange(cfg.block_size).float(), inv)      # (block_size, hd/2)
+            ang = torch.cat((ang, ang), dim=-1)
+            self.register_buffer("rope_cos", ang.cos(), persistent=False)
+            self.register_buffer("rope_sin", ang.sin(), persistent=False)
+
+    def num_params(self) -> int:
+        """Distinct parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
+        x = self.wte(idx)                                                      # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
+        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.pos == "rope" else None
+        for block in self.blocks:
+            x = block(x, rope)
+        logits = self.head(self.ln_f(x))                                       # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+# ----------------------------------------------------------------------------- one training step
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None, x: torch.Tensor, y: torch.Tensor,
+               *, autocast_dtype: torch.dtype | None = None, scaler=None, set_to_none: bool = True) -> float:
+    """forward -> backward -> optimizer step, with memlab phase marks.
+
+    Returns the loss as a Python float (never the tensor: holding it would keep
+    the graph alive). `autocast_dtype` runs the forward under torch.autocast on
+    x's device; `scaler` is a torch.amp.GradScaler (fp16).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    with phase("forward"):
+        if autocast_dtype is not None:
+            with torch.autocast(x.device.type, dtype=autocast_dtype):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
+    with phase("backward"):
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+    value = loss.detach().float().item() if loss.device.type != "meta" and not _is_fake(loss) else float("nan")
+    del loss
+    if optimizer is not None:
+        with phase("step"):
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=set_to_none)
+    return value
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def tiny_llama_config(**kw):
+    """A small `transformers.LlamaConfig` (for the Hugging Face / peft lessons)."""
+    from transformers import LlamaConfig  # imported here: transformers is heavy
+    base = dict(vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+    base.update(kw)
+    return LlamaConfig(**base)
