@@ -10,3 +10,15 @@ from .models import MLP, GPT, GPTConfig, train_step
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
 __version__ = "0.1.0"
+
+# The one place the course's GitHub repository is named: Colab badges and the
+# Colab setup cell are built from it (tests/test_notebooks.py checks they agree).
+REPO_SLUG = "gpu-memory-lab/gpu-memory-lab"
+
+
+def colab_badge(path: str) -> str:
+    """Markdown for an "Open in Colab" badge of a notebook at `path` in the repo."""
+    if not isinstance(path, str) or not path.endswith(".ipynb"):
+        raise ValueError(f"path must be a repository path ending in .ipynb, got {path!r}")
+    url = f"https://colab.research.google.com/github/{REPO_SLUG}/blob/main/{path}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
