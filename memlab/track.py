@@ -11,14 +11,14 @@ Categories (the role a storage plays; a storage has exactly one):
     parameters   parameters and buffers of the watched model(s)
     gradients    `.grad` of those parameters
     optimizer    tensors held in `optimizer.state` (Adam's exp_avg, exp_avg_sq, step)
-    activations  tensors autograd saved for backward (seen by a saved-tensors hook),
-                 and anything produced in a "forward" phase still alive when it ends
-                 (checkpoint's stashed inputs, the logits, the loss)
+    activations  what a "forward" phase produced that is still alive when the phase
+                 ends: the tensors autograd saved for backward, checkpoint's stashed
+                 inputs, the logits and the loss (mark phases with memlab.phase)
     temporaries  everything else: intermediates that die young, gradients of
                  activations during backward, optimizer scratch, inputs
 
 A storage starts as "temporaries" and is re-labelled the moment its role is
-known (a grad hook fires, the optimizer's step ends, autograd saves it). The
+known (a grad hook fires, the optimizer's step ends, the forward phase ends). The
 peak breakdown is corrected retroactively: a storage that was alive at the
 peak is counted at the peak under its final role. Timeline samples are not
 corrected (they show what was known at that instant).
@@ -182,7 +182,6 @@ class MemoryTracker(TorchDispatchMode):
         self._handles: list = []
         self._watched_params: dict[int, torch.nn.Parameter] = {}
         self._watched_opts: list[torch.optim.Optimizer] = []
-        self._saved_hooks = None
         self._depth = 0
         self.cuda_stats: dict[str, int] = {}
         self._cuda_phase_stats: list[tuple[str, int, int]] = []
@@ -272,14 +271,13 @@ class MemoryTracker(TorchDispatchMode):
         if self.keep_timeline:
             self._timeline.append((self._seq, self._phase, total, tuple(self._counts)))
 
-    def _relabel(self, st: torch.UntypedStorage, cat: int, *, only_from: int | None = None):
+    def _relabel(self, st: torch.UntypedStorage, cat: int):
         """Give a storage its role; fix the recorded peaks it was alive at."""
         blk = self._blocks.get(st._cdata)
         if blk is None:
-            if only_from is None:        # registering a storage made before the tracker
-                self._add(st, cat)
+            self._add(st, cat)           # registering a storage made before the tracker
             return
-        if blk.cat == cat or (only_from is not None and blk.cat != only_from):
+        if blk.cat == cat:
             return
         old = blk.cat
         self._counts[old] -= blk.nbytes
@@ -295,6 +293,8 @@ class MemoryTracker(TorchDispatchMode):
         cap = self.capacity
         for o in self._watched_opts:            # label what the optimizer has created so far
             self._on_step(o)
+        if self._phase == "forward":             # what the forward made so far is (mostly) saved for backward
+            self._label_forward_survivors()
         live = self.breakdown()
         where = f" during phase '{self._phase}'" if self._phase != "idle" else ""
         dev = self.device_label or self._device_type
@@ -378,12 +378,6 @@ class MemoryTracker(TorchDispatchMode):
             for p in group["params"]:
                 self._on_grad(p)
 
-    def _pack(self, t: torch.Tensor):
-        if isinstance(t, torch.Tensor) and self._counts_device(t):
-            for st in _storages(t):
-                self._relabel(st, _A, only_from=_T)
-        return t
-
     # ------------------------------------------------------------------ context
     def __enter__(self):
         if self._depth == 0:
@@ -391,8 +385,6 @@ class MemoryTracker(TorchDispatchMode):
                 self._watch_model(m)
             for o in self._opts:
                 self._watch_optimizer(o)
-            self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-            self._saved_hooks.__enter__()
             if self._device_type == "cuda" and torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -407,7 +399,6 @@ class MemoryTracker(TorchDispatchMode):
         out = super().__exit__(*exc)
         if self._depth == 0:
             _ACTIVE.remove(self)
-            self._saved_hooks.__exit__(*exc)
             for h in self._handles:
                 h.remove()
             self._handles.clear()
@@ -421,21 +412,28 @@ class MemoryTracker(TorchDispatchMode):
                                        reserved_at_exit=torch.cuda.memory_reserved())
         return out
 
+    def _label_forward_survivors(self):
+        # whatever the forward produced and is still alive is kept for backward: activations.
+        # (Hooking autograd's saved tensors instead would change when PyTorch frees them.)
+        for blk in list(self._blocks.values()):
+            if blk.cat == _T and blk.phase == "forward":
+                st = blk.ref() if blk.ref is not None else None
+                if st is not None:
+                    self._relabel(st, _A)
+
     def _set_phase(self, name: str):
         if name == self._phase:
             return
         if self._phase == "forward":
-            # whatever the forward produced and is still alive is kept for later: activations
-            for blk in list(self._blocks.values()):
-                if blk.cat == _T and blk.phase == "forward":
-                    st = blk.ref() if blk.ref is not None else None
-                    if st is not None:
-                        self._relabel(st, _A)
+            self._label_forward_survivors()
         if self._device_type == "cuda" and torch.cuda.is_available() and self._depth:
             self._cuda_phase_stats.append((name, torch.cuda.memory_allocated(), torch.cuda.memory_reserved()))
         self._phase = name
         if name not in self._phases_seen:
             self._phases_seen.append(name)
+        pp = self._phase_peaks.get(name)        # a phase's peak includes the level it starts at
+        if pp is None or self._total > pp.total:
+            self._phase_peaks[name] = _Peak(self._seq, self._total, list(self._counts))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -509,6 +507,3 @@ class MemoryTracker(TorchDispatchMode):
                          f"max reserved {format_bytes(self.cuda_stats['max_reserved'])}")
         return "\n".join(lines)
 
-
-def _unpack(t):
-    return t
