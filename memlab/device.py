@@ -23,7 +23,12 @@ __all__ = ["DeviceInfo", "pick_device", "describe", "on_colab"]
 
 def on_colab() -> bool:
     """True inside Google Colab (the `google.colab` module is importable there)."""
-    return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
+    if "google.colab" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("google.colab") is not None
+    except ModuleNotFoundError:  # no `google` package at all
+        return False
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
