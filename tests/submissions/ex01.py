@@ -1,0 +1,143 @@
+"""Plausible-wrong submissions for exercise 01 and the points each must lose."""
+
+ASSIGNMENT = "01_memory_profiler"
+
+_LIVE_BYTES_VIEWS = '''
+class LiveBytes(TorchDispatchMode):
+    """Counts every output tensor's numel * element_size: views and in-place results count again."""
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+
+    def reset_peak(self):
+        self.peak = self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.current += t.numel() * t.element_size()
+                self.peak = max(self.peak, self.current)
+        return out
+'''
+
+_PHASES_AT_END = '''
+def profile_phases(model, optimizer, x, y):
+    """Reads the bytes live at the END of each phase instead of the peak during it."""
+    mode = LiveBytes()
+    out = {}
+    with mode:
+        loss = F.cross_entropy(model(x), y)
+        out["forward"] = mode.current
+        loss.backward()
+        out["backward"] = mode.current
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        out["step"] = mode.current
+    return out
+'''
+
+_BREAKDOWN_BODY = '''
+def category_breakdown(model, optimizer, x, y):
+    skip = {p.untyped_storage()._cdata for p in model.parameters()}
+    skip |= {x.untyped_storage()._cdata, y.untyped_storage()._cdata}
+    saved = {}
+    def pack(t):
+        st = t.untyped_storage()
+        if st._cdata not in skip:
+            saved[st._cdata] = st.nbytes()
+        return t
+    params = sum(p.nbytes for p in model.parameters())
+    {MEASURE}
+'''
+
+# counts what the step holds after backward as "activations": the gradients land there too
+_GRADS_AS_ACTIVATIONS = _BREAKDOWN_BODY.replace("{MEASURE}", '''mode = LiveBytes()
+    with mode:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        activations = mode.current
+    grads = sum(p.grad.nbytes for p in model.parameters())
+    optimizer.step()
+    state = sum(v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    optimizer.zero_grad(set_to_none=True)
+    return {"parameters": params, "gradients": grads, "optimizer": state, "activations": activations}''')
+
+# reads optimizer.state before the first step() has created it
+_STATE_BEFORE_STEP = _BREAKDOWN_BODY.replace("{MEASURE}", '''state = sum(v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    grads = sum(p.grad.nbytes for p in model.parameters())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"parameters": params, "gradients": grads, "optimizer": state, "activations": sum(saved.values())}''')
+
+# reads the gradients after zero_grad(set_to_none=True) has freed them
+_GRADS_AFTER_ZERO = _BREAKDOWN_BODY.replace("{MEASURE}", '''with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    state = sum(v.nbytes for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    optimizer.zero_grad(set_to_none=True)
+    grads = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
+    return {"parameters": params, "gradients": grads, "optimizer": state, "activations": sum(saved.values())}''')
+
+_SAVED_WITH_PARAMS = '''
+def saved_bytes_per_layer(model, x):
+    """Counts every saved storage, parameters (Linear's weight) included."""
+    leaves = {name: m for name, m in model.named_modules() if not list(m.children())}
+    result = {name: 0 for name in leaves}
+    seen, running = set(), [None]
+    hooks = [m.register_forward_pre_hook(lambda mod, inp, name=name: running.__setitem__(0, name))
+             for name, m in leaves.items()]
+    def pack(t):
+        st = t.untyped_storage()
+        if st._cdata not in seen:
+            seen.add(st._cdata)
+            result[running[0]] += st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    for h in hooks:
+        h.remove()
+    return result
+'''
+
+_ESTIMATE_NO_STATE = '''
+def estimate_peak_bytes(batch, d_in, width, depth, d_out, optimizer, first_step):
+    """Forgets Adam's state and scratch: counts weights, grads, inputs and activations only."""
+    dims = [d_in] + [width] * depth + [d_out]
+    P = 4 * sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+    X = 4 * batch * d_in + 8 * batch
+    A = 4 * depth * batch * width + 4 * batch * d_out
+    return max(P + X + A + 8 * batch * width, 2 * P + X)
+'''
+
+WRONG = {
+    "views_counted": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_VIEWS},
+                      "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
+                      "must_keep": ["task1_3_saved_per_layer_hidden", "task1_5_estimate_peak_hidden"]},
+    "phase_end_not_peak": {"replace": {"task1_2_profile_phases": _PHASES_AT_END},
+                           "must_lose": ["task1_2_profile_phases_visible", "task1_2_profile_phases_hidden"],
+                           "must_keep": ["task1_1_live_bytes_hidden", "task1_4_category_breakdown_hidden"]},
+    "gradients_as_activations": {"replace": {"task1_4_category_breakdown": _GRADS_AS_ACTIVATIONS},
+                                 "must_lose": ["task1_4_category_breakdown_visible",
+                                               "task1_4_category_breakdown_hidden"],
+                                 "must_keep": ["task1_2_profile_phases_hidden"]},
+    "optimizer_state_before_first_step": {"replace": {"task1_4_category_breakdown": _STATE_BEFORE_STEP},
+                                          "must_lose": ["task1_4_category_breakdown_visible",
+                                                        "task1_4_category_breakdown_hidden"],
+                                          "must_keep": ["task1_3_saved_per_layer_hidden"]},
+    "gradients_after_zero_grad": {"replace": {"task1_4_category_breakdown": _GRADS_AFTER_ZERO},
+                                  "must_lose": ["task1_4_category_breakdown_visible",
+                                                "task1_4_category_breakdown_hidden"],
+                                  "must_keep": ["task1_5_estimate_peak_hidden"]},
+    "parameters_as_activations": {"replace": {"task1_3_saved_per_layer": _SAVED_WITH_PARAMS},
+                                  "must_lose": ["task1_3_saved_per_layer_visible", "task1_3_saved_per_layer_hidden"],
+                                  "must_keep": ["task1_4_category_breakdown_hidden"]},
+    "estimate_without_optimizer_state": {"replace": {"task1_5_estimate_peak": _ESTIMATE_NO_STATE},
+                                         "must_lose": ["task1_5_estimate_peak_visible", "task1_5_estimate_peak_hidden"],
+                                         "must_keep": ["task1_1_live_bytes_hidden"]},
+}

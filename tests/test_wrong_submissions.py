@@ -1,0 +1,86 @@
+"""Every exercise, graded for real by nbgrader: the solution earns full marks, the
+untouched release earns nothing, and each plausible-wrong submission loses
+exactly the points its spec says (tests/submissions/exNN.py)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from _nb import ROOT, submission, graded_cells, wrong_submission_specs
+from autograder import grade
+
+SPECS = wrong_submission_specs()
+pytestmark = pytest.mark.slow
+
+
+def _released(spec) -> bool:
+    return (ROOT / "exercises" / spec.ASSIGNMENT / f"{spec.ASSIGNMENT}.ipynb").exists()
+
+
+@pytest.fixture(scope="module", params=SPECS, ids=[s.ASSIGNMENT for s in SPECS])
+def graded(request):
+    """Grade the reference, the untouched release and every wrong submission of
+    one exercise in a single nbgrader class run (one process per learner)."""
+    spec = request.param
+    if not _released(spec):
+        pytest.fail(f"exercises/{spec.ASSIGNMENT} is missing: run `memlab-grade release {spec.ASSIGNMENT}`")
+    with tempfile.TemporaryDirectory(prefix="memlab-wrong-") as tmp:
+        tmp = Path(tmp)
+        subs = tmp / "submissions"
+        subs.mkdir()
+        nbformat.write(submission(spec.ASSIGNMENT), subs / "reference.ipynb")
+        nbformat.write(submission(spec.ASSIGNMENT, solve=False), subs / "untouched.ipynb")
+        for name, w in spec.WRONG.items():
+            nbformat.write(submission(spec.ASSIGNMENT, w["replace"]), subs / f"{name}.ipynb")
+        course_dir = tmp / "course"
+        course_dir.mkdir()
+        res = grade.grade_class(subs, spec.ASSIGNMENT, timeout=900, course=grade.temp_course(course_dir))
+        yield spec, res
+
+
+def test_reference_solution_scores_full_marks(graded):
+    spec, res = graded
+    assert "reference" in res.graded, f"the reference solution was not graded: {res.failed.get('reference')}"
+    got = res.graded["reference"]
+    want = graded_cells(spec.ASSIGNMENT)
+    lost = {g: got.get(g) for g, pts in want.items() if got.get(g, (0, 0))[0] != pts}
+    assert not lost, f"{spec.ASSIGNMENT}: the solution lost points on {lost}"
+
+
+def test_untouched_exercise_scores_zero(graded):
+    spec, res = graded
+    got = res.graded.get("untouched")
+    assert got is not None, f"the untouched release was not graded: {res.failed.get('untouched')}"
+    earned = {g: s for g, (s, _) in got.items() if s}
+    assert not earned, f"{spec.ASSIGNMENT}: an untouched exercise earned points on {earned}"
+
+
+def test_wrong_submissions_lose_their_points(graded):
+    spec, res = graded
+    want = graded_cells(spec.ASSIGNMENT)
+    problems = []
+    for name, w in spec.WRONG.items():
+        got = res.graded.get(name)
+        if got is None:
+            problems.append(f"{name}: not graded ({res.failed.get(name)})")
+            continue
+        for gid in w["must_lose"]:
+            if got.get(gid, (None,))[0] != 0:
+                problems.append(f"{name}: {gid} should score 0, scored {got.get(gid)}")
+        for gid in w.get("must_keep", []):
+            if got.get(gid, (None,))[0] != want[gid]:
+                problems.append(f"{name}: {gid} should keep {want[gid]} points, scored {got.get(gid)}")
+    assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
+
+
+def test_specs_name_real_cells():
+    for spec in SPECS:
+        cells = graded_cells(spec.ASSIGNMENT)
+        for name, w in spec.WRONG.items():
+            assert w["must_lose"], f"{spec.ASSIGNMENT}/{name}: a wrong submission must lose something"
+            for gid in w["must_lose"] + w.get("must_keep", []):
+                assert gid in cells, f"{spec.ASSIGNMENT}/{name}: {gid} is not a graded cell ({sorted(cells)})"
