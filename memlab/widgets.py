@@ -25,6 +25,8 @@ def calculator_rows(billions: float, precision: str, optimizer: str, foreach_ste
     scratch = 4 * n if (foreach_step and optimizer == "adam" and precision != "bf16") else 0
     total = sum(st.values()) + scratch
     rows = [f"{k:<11} {format_bytes(v):>12}  ({v / n:.0f} B/param)" for k, v in st.items()]
+    states = sum(st.values())
+    rows.append(f"{'states':<11} {format_bytes(states):>12}  ({states / n:.0f} B/param): weights + grads + optimizer")
     if scratch:
         rows.append(f"{'step temp':<11} {format_bytes(scratch):>12}  (4 B/param: foreach Adam's sqrt buffer)")
     rows.append(f"{'total':<11} {format_bytes(total):>12}  ({total / n:.0f} B/param), before activations")
