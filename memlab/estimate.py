@@ -134,8 +134,11 @@ def zero_model_state_bytes(n_params: int, n_gpus: int, stage: int, optimizer_byt
       stage 1 (optimizer states)   : 4 Psi + K Psi / N_d
       stage 2 (+ gradients)        : 2 Psi + (2 + K) Psi / N_d
       stage 3 (+ parameters)       : (2 + 2 + K) Psi / N_d
-    DeepSpeed's own estimate_zero2 helper prints the stage-2 figure as
-    "4 Psi + 16 Psi / N" because it keeps fp32 grads for offload.
+    Other published figures change K or what is replicated: DeepSpeed's
+    `estimate_zero2_model_states_mem_needs` (no offload) computes
+    2 Psi + 18 Psi / N - fp16 weights replicated; fp16 grads, fp32 grads, fp32
+    weights and both moments partitioned (its own code comment) - and
+    4 Psi + 16 Psi / N is stage 1 with K = 16 (fp32 grads kept with the state).
     """
     _pos_int("n_params", n_params)
     _pos_int("n_gpus", n_gpus)

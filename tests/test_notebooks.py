@@ -1,0 +1,73 @@
+"""Notebooks are source: every lesson executes top to bottom on CPU, and every
+tracked notebook is committed clean, with the course's setup cell and badge."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import memlab
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = sorted((ROOT / "lessons").glob("*.ipynb"))
+ALL = LESSONS + sorted((ROOT / "solutions").glob("*/*.ipynb")) + sorted((ROOT / "exercises").glob("*/*.ipynb"))
+SETUP = '''# Setup: on Colab install the course kit; then pick the device and say what we found.
+import sys, subprocess
+if "google.colab" in sys.modules:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "git+https://github.com/{slug}"], check=True)
+import torch
+import memlab
+torch.manual_seed(0)
+device = memlab.pick_device()
+print(memlab.describe(device))
+ON_GPU = device.type == "cuda"'''.format(slug=memlab.REPO_SLUG)
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("path", ALL, ids=_rel)
+def test_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+    assert not dirty, f"{_rel(path)}: cells {dirty} carry outputs or execution counts; strip them before committing"
+
+
+@pytest.mark.parametrize("path", ALL, ids=_rel)
+def test_header_badge_and_setup_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    head = nb.cells[0]
+    assert head.cell_type == "markdown" and head.source.startswith("# "), f"{_rel(path)}: first cell must be a title"
+    # learners open the released exercise, so a solution's badge points there too
+    target = _rel(path).replace("solutions/", "exercises/", 1)
+    assert memlab.colab_badge(target) in head.source, (
+        f"{_rel(path)}: the header needs the Colab badge built from memlab.REPO_SLUG: {memlab.colab_badge(target)}")
+    setup = nb.cells[1]
+    assert setup.cell_type == "code" and setup.source.startswith(SETUP), (
+        f"{_rel(path)}: the second cell must be the course's setup cell (see tests/test_notebooks.py SETUP)")
+
+
+def test_every_syllabus_link_points_at_a_notebook():
+    readme = (ROOT / "README.md").read_text()
+    for link in re.findall(r"\]\((lessons/[^)]+\.ipynb|exercises/[^)]+\.ipynb)\)", readme):
+        assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", LESSONS, ids=_rel)
+def test_lesson_executes_on_cpu(path):
+    from nbclient import NotebookClient
+    nb = nbformat.read(path, as_version=4)
+    t0 = time.time()
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    took = time.time() - t0
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    print(f"{_rel(path)} executed in {took:.1f} s")
