@@ -178,7 +178,11 @@ class MemoryTracker(TorchDispatchMode):
         self._phases_seen: list[str] = []
         self._peak = _Peak()
         self._phase_peaks: dict[str, _Peak] = {}
-        self._timeline: list[tuple[int, str, int, tuple[int, ...]]] = []
+        # timeline as an event log: (seq, phase, block id, byte delta); categories are looked up
+        # at read time, so a storage relabelled later shows under its final role everywhere
+        self._events: list[tuple[int, str, int, int]] = []
+        self._cat_of: dict[int, int] = {}
+        self._timeline_from = 0
         self._handles: list = []
         self._watched_params: dict[int, torch.nn.Parameter] = {}
         self._watched_opts: list[torch.optim.Optimizer] = []
@@ -240,6 +244,9 @@ class MemoryTracker(TorchDispatchMode):
         blocks[key] = blk
         self._counts[cat] += n
         self._total += n
+        if self.keep_timeline:
+            self._cat_of[blk.seq] = cat
+            self._events.append((self._seq, self._phase, blk.seq, n))
         self._after_event()
         return blk
 
@@ -250,6 +257,8 @@ class MemoryTracker(TorchDispatchMode):
         blk.nbytes += delta
         self._counts[blk.cat] += delta
         self._total += delta
+        if self.keep_timeline:
+            self._events.append((self._seq, self._phase, blk.seq, delta))
         self._after_event()
 
     def _free(self, key: int):
@@ -259,6 +268,8 @@ class MemoryTracker(TorchDispatchMode):
         self._seq += 1
         self._counts[blk.cat] -= blk.nbytes
         self._total -= blk.nbytes
+        if self.keep_timeline:
+            self._events.append((self._seq, self._phase, blk.seq, -blk.nbytes))
         self._after_event()
 
     def _after_event(self):
@@ -268,8 +279,6 @@ class MemoryTracker(TorchDispatchMode):
         pp = self._phase_peaks.get(self._phase)
         if pp is None or total > pp.total:
             self._phase_peaks[self._phase] = _Peak(self._seq, total, list(self._counts))
-        if self.keep_timeline:
-            self._timeline.append((self._seq, self._phase, total, tuple(self._counts)))
 
     def _relabel(self, st: torch.UntypedStorage, cat: int):
         """Give a storage its role; fix the recorded peaks it was alive at."""
@@ -283,6 +292,8 @@ class MemoryTracker(TorchDispatchMode):
         self._counts[old] -= blk.nbytes
         self._counts[cat] += blk.nbytes
         blk.cat = cat
+        if self.keep_timeline:
+            self._cat_of[blk.seq] = cat
         # the block is alive now, so it was alive at every peak recorded after its birth
         for pk in (self._peak, *self._phase_peaks.values()):
             if pk.seq >= blk.seq:
@@ -385,6 +396,7 @@ class MemoryTracker(TorchDispatchMode):
                 self._watch_model(m)
             for o in self._opts:
                 self._watch_optimizer(o)
+            self._timeline_from = len(self._events)
             if self._device_type == "cuda" and torch.cuda.is_available():
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -467,9 +479,6 @@ class MemoryTracker(TorchDispatchMode):
     @property
     def peak_phase(self) -> str:
         """The phase the peak happened in."""
-        for seq, ph, *_ in self._timeline:
-            if seq == self._peak.seq:
-                return ph
         for ph, pk in self._phase_peaks.items():
             if pk.seq == self._peak.seq:
                 return ph
@@ -483,14 +492,21 @@ class MemoryTracker(TorchDispatchMode):
 
     @property
     def timeline(self) -> list[Sample]:
-        """One sample per allocation/free event, in order."""
-        return [Sample(s, ph, tot, dict(zip(CATEGORIES, c))) for s, ph, tot, c in self._timeline]
+        """One sample per allocation/free event, in order, each storage under its
+        final role. What was registered at entry (the model, existing state) is the
+        first sample, not a ramp of events."""
+        counts, out, start = [0] * len(CATEGORIES), [], self._timeline_from
+        for i, (seq, ph, uid, delta) in enumerate(self._events):
+            counts[self._cat_of[uid]] += delta
+            if i >= start - 1 and (i >= start or start > 0):
+                out.append(Sample(seq, ph if i >= start else "idle", sum(counts), dict(zip(CATEGORIES, counts))))
+        return out
 
     def reset_peak(self):
         """Forget the peaks and the timeline (live blocks stay tracked)."""
         self._peak = _Peak(self._seq, self._total, list(self._counts))
         self._phase_peaks = {}
-        self._timeline = []
+        self._timeline_from = len(self._events)
 
     def report(self) -> str:
         """A table: peak by category, and each phase's peak."""
