@@ -51,7 +51,9 @@ def main(argv: list[str]) -> int:
         return 2
     setup()
     if argv[0] == "start":
-        os.execv(str(PY), [str(PY), "-m", "jupyterlab", "lessons/01_memory_anatomy.ipynb", *argv[1:]])
+        # serve the whole course (lessons and exercises), opening lesson 01
+        os.execv(str(PY), [str(PY), "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}",
+                           "--LabApp.default_url=/lab/tree/lessons/01_memory_anatomy.ipynb", *argv[1:]])
     # tests: CI and contributors; extra arguments go to pytest (e.g. -m "not slow")
     return subprocess.run([str(PY), "-m", "pytest", "-ra", *argv[1:]], cwd=ROOT).returncode
 
