@@ -2,4 +2,5 @@
 # the course's configuration lives in autograder/nbgrader_config.py.
 import os
 
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "autograder", "nbgrader_config.py")).read())
+_course_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autograder", "nbgrader_config.py")
+exec(compile(open(_course_config).read(), _course_config, "exec"), {**globals(), "__file__": _course_config})

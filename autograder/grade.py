@@ -54,7 +54,8 @@ def temp_course(tmp: Path) -> Course:
     """A throwaway course in `tmp` with the course's own settings: the learner's
     self-check grades there, leaving the instructor's gradebook alone."""
     (tmp / "solutions").symlink_to(SOURCE, target_is_directory=True)
-    cfg = (f"exec(open({str(CONFIG)!r}).read())\n"
+    cfg = (f"exec(compile(open({str(CONFIG)!r}).read(), {str(CONFIG)!r}, 'exec'), "
+           f"{{**globals(), '__file__': {str(CONFIG)!r}}})\n"
            f"c.CourseDirectory.root = {str(tmp)!r}\n"
            f"c.CourseDirectory.release_directory = 'release'\n"
            f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n"

@@ -102,7 +102,11 @@ def describe(device: torch.device | str | None = None) -> DeviceInfo:
         idx = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
         cc = (props.major, props.minor)
-        return DeviceInfo("cuda", props.name, int(props.total_memory), bool(torch.cuda.is_bf16_supported()),
+        try:    # native bf16 only: a T4 (sm_75) "supports" bf16 by emulation, without tensor cores
+            bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:
+            bf16 = cc >= (8, 0)
+        return DeviceInfo("cuda", props.name, int(props.total_memory), bf16,
                           cc, cc >= (8, 0), flash_installed, on_colab(), torch.__version__)
     if device.type == "mps":
         return DeviceInfo("mps", "Apple GPU (MPS)", None, True, None, False, flash_installed, on_colab(),

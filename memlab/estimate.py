@@ -157,9 +157,11 @@ def mlp_activation_bytes(batch: int, d_in: int, width: int, depth: int, d_out: i
     fp32: each hidden layer keeps one (B, width) tensor (ReLU/tanh save their
     output, which the next Linear also saves as its input); GELU saves its
     input too (two tensors). The loss keeps log_softmax's (B, d_out) output.
-    amp (CPU/CUDA autocast to a 2-byte type): every Linear saves a 2-byte copy
-    of its input and of its weight (autocast's cast cache), activations are
-    2 bytes, and the loss upcasts the logits to fp32.
+    amp (CPU/CUDA autocast to a 2-byte type): activations are 2 bytes, the
+    first Linear saves a 2-byte copy of the input batch, every other Linear a
+    2-byte copy of its weight (from autocast's cast cache; the first layer's copy
+    is not needed for backward and dies with the cache), and the loss upcasts
+    the logits to fp32.
     """
     for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
         _pos_int(n, v)
@@ -168,7 +170,7 @@ def mlp_activation_bytes(batch: int, d_in: int, width: int, depth: int, d_out: i
     per_layer = (2 if act == "gelu" else 1) * batch * width
     if precision == "fp32":
         return 4 * depth * per_layer + 4 * batch * d_out + 4  # + total_weight scalar of nll_loss
-    weights = mlp_param_count(d_in, width, depth, d_out, bias=False)
+    weights = mlp_param_count(d_in, width, depth, d_out, bias=False) - d_in * width   # not the first layer's
     return 2 * depth * per_layer + 2 * batch * d_in + 2 * weights + 4 * batch * d_out + 4
 
 
@@ -266,22 +268,28 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
     base = P + O + X
     amp = precision == "amp"
 
-    # ---- forward
+    # ---- forward. Under autocast every Linear's weight and bias get a 2-byte copy in autocast's
+    # cache, alive until the autocast region ends; a copy stays after that only if backward needs it
+    # (the weight of every Linear but the first, whose input needs no gradient).
     saved = 0                                      # bytes saved for backward so far
+    cache = 0                                      # autocast's cast cache (amp only)
+    kept = 0                                       # weight copies that outlive the cache
     fwd_peak = 0
     for i in range(depth):
-        wcast = 2 * (dims[i] * width + width) if amp else 0   # bf16 copy of W and b (cast cache)
-        xcast = 2 * batch * d_in if (amp and i == 0) else 0   # bf16 copy of the fp32 input
-        saved += wcast + xcast
-        fwd_peak = max(fwd_peak, base + saved + 2 * Bw)        # Linear out + activation out
+        if amp:
+            cache += 2 * (dims[i] * width + width)
+            kept += 2 * dims[i] * width if i > 0 else 0
+            saved += 2 * batch * d_in if i == 0 else 0          # 2-byte copy of the fp32 input
+        fwd_peak = max(fwd_peak, base + saved + cache + 2 * Bw)  # Linear out + activation out
         saved += Bw * (2 if gelu else 1)
-    wcast = 2 * (width * d_out + d_out) if amp else 0
-    saved += wcast
+    if amp:
+        cache += 2 * (width * d_out + d_out)
+        kept += 2 * width * d_out
     logits = Bo * b
     lsm = Bo * 4
     up = Bo * 4 if amp else 0                       # autocast runs the loss in fp32: upcast copy
-    fwd_peak = max(fwd_peak, base + saved + logits + up + lsm)
-    saved += lsm + 4                                # log_softmax output, nll's total_weight
+    fwd_peak = max(fwd_peak, base + saved + cache + logits + up + lsm)
+    saved += kept + lsm + 4                         # weight copies, log_softmax output, nll's total_weight
     fwd_end = base + saved + 4                      # + the loss scalar
 
     # ---- backward (grads are fp32: they match the fp32 parameters)
@@ -299,7 +307,7 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
             # .grad after the incoming gradient and the cached 2-byte weight are freed
             half = 2 * (n_in * n_out + n_out)
             bwd_peak = max(bwd_peak, base + G + live_saved + g_in + gx + half)
-            live_saved -= half + (2 * batch * d_in if i == 0 else 0)
+            live_saved -= 2 * n_in * n_out if i > 0 else 2 * batch * d_in   # the saved copy is released
             bwd_peak = max(bwd_peak, base + G + live_saved + gx + half + gw)
         else:
             bwd_peak = max(bwd_peak, base + G + live_saved + g_in + gx + gw)

@@ -214,6 +214,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)         # C -> V
         if cfg.tie_weights:
             self.head.weight = self.wte.weight
+        self.apply(self._init_weights)                                         # GPT-2's init (as nanoGPT)
         if cfg.pos == "rope":
             hd = cfg.n_embd // cfg.n_head
             inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
@@ -221,6 +222,13 @@ class GPT(nn.Module):
             ang = torch.cat((ang, ang), dim=-1)
             self.register_buffer("rope_cos", ang.cos(), persistent=False)
             self.register_buffer("rope_sin", ang.sin(), persistent=False)
+
+    @staticmethod
+    def _init_weights(m: nn.Module):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def num_params(self) -> int:
         """Distinct parameters (a tied embedding counts once)."""
@@ -240,7 +248,7 @@ class GPT(nn.Module):
         logits = self.head(self.ln_f(x))                                       # (B, T, V)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 # ----------------------------------------------------------------------------- one training step

@@ -50,6 +50,7 @@ _IDX = {c: i for i, c in enumerate(CATEGORIES)}
 _P, _G, _O, _A, _T = range(5)
 
 _ACTIVE: list["MemoryTracker"] = []  # stack of trackers inside their `with`
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 def format_bytes(n: float) -> str:
@@ -450,9 +451,18 @@ class MemoryTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
+        inputs = None
         for t in flat:
             if isinstance(t, torch.Tensor) and t.device.type == self._device_type:
                 for st in _storages(t):
+                    if st._cdata not in self._blocks and func is not _LIFT_FRESH:
+                        # a view or in-place result of a tensor made before the tracker is not new memory
+                        # (lift_fresh is different: it wraps a tensor torch.tensor() just built from data)
+                        if inputs is None:
+                            inputs = {s._cdata for a in tree_flatten((args, kwargs))[0]
+                                      if isinstance(a, torch.Tensor) for s in _storages(a)}
+                        if st._cdata in inputs:
+                            continue
                     self._add(st, _T)
         return out
 

@@ -87,6 +87,19 @@ def test_views_and_inplace_allocate_nothing():
     assert tr.peak == 4000
 
 
+def test_views_and_inplace_results_of_older_tensors_are_not_new_memory():
+    outside = torch.zeros(1000)
+    tr = memlab.MemoryTracker()
+    with tr:
+        v = outside.view(10, 100)
+        outside.add_(1)
+        flat = v.reshape(-1)
+        assert tr.current == 0, "views/in-place results of a tensor made before the tracker share its storage"
+        fresh = outside * 2
+        assert tr.current == 4000
+    del v, flat, fresh
+
+
 # ----------------------------------------------------------------------------- tracker vs PyTorch's MemTracker
 def test_categories_agree_with_pytorch_memtracker():
     from torch.distributed._tools.mem_tracker import MemTracker

@@ -63,6 +63,12 @@ def check_task1_1(LiveBytes, *, hidden: bool) -> None:
         b = outside * 2                              # a new storage from an op on an outside tensor
         s2 = 1000 * 4
         _expect_now(mode, s1 + s2, s1 + s2, "b = outside * 2")
+        w = outside.view(10, 100)                    # views / in-place results of an outside tensor:
+        outside.mul_(1)                              # its storage existed before the mode, so nothing new
+        _expect_now(mode, s1 + s2, s1 + s2,
+                    "outside.view(10, 100) and outside.mul_(1) on a tensor made before the mode (they share "
+                    "its old storage: skip an output whose storage is one of the op's inputs' and not yet counted)")
+        del w
         del a
         _expect_now(mode, s1 + s2, s1 + s2, "`del a` while a view of it is still alive")
         del v

@@ -1,0 +1,197 @@
+"""Measuring activation checkpointing: the activation bytes of one forward +
+backward, a forward-call counter that sees recomputations, a stack of simple
+residual blocks, and Chen et al.'s (2016) peak formulas to compare against.
+
+What is measured: `activation_peak` runs `loss = fn(*args)` and
+`loss.backward()` under a `MemoryTracker` that watches the model, with every
+parameter's `.grad` already allocated (zeros), so gradients accumulate in
+place and the model state (parameters + gradients) stays constant during the
+step. Everything else that is live is activation memory: tensors saved for
+backward, checkpoint-stashed inputs, recomputed activations, and the
+gradients of activations flowing backward. `peak` is the largest total of
+those; `stored` is what is still live when the forward ends (what the forward
+kept for the backward). Inputs created before the call are not counted.
+
+No checkpointing scheme lives here: wrapping blocks in
+`torch.utils.checkpoint.checkpoint` is the learner's job (lesson and exercise 02).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .track import MemoryTracker, format_bytes, phase
+
+__all__ = ["ActivationPeak", "activation_peak", "ForwardCounter", "ResidualMLPBlock", "block_stack",
+           "chen_segment_peak"]
+
+
+@dataclass
+class ActivationPeak:
+    """What `activation_peak` measured (bytes above the constant model state)."""
+    peak: int             # largest activation bytes at any moment of forward + backward
+    stored: int           # activation bytes live at the end of the forward
+    peak_phase: str       # "forward" or "backward"
+    tracker: MemoryTracker
+
+    def __str__(self) -> str:
+        return (f"activation peak {format_bytes(self.peak)} (in {self.peak_phase}), "
+                f"stored after forward {format_bytes(self.stored)}")
+
+
+def activation_peak(model: nn.Module, fn, *args, timeline: bool = False, **kwargs) -> ActivationPeak:
+    """Run `loss = fn(*args, **kwargs)` then `loss.backward()` and measure the
+    activation bytes (see the module docstring). `model` is the nn.Module whose
+    parameters (and gradients) form the model state; its `.grad`s are restored
+    to what they were before the call, so the measurement changes nothing.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(fn):
+        raise TypeError(f"fn must be callable and return a scalar loss, got {type(fn).__name__}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved_grads = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    tracker = MemoryTracker(model, timeline=timeline)
+    try:
+        with tracker:
+            base = tracker.current                      # parameters + gradients (+ buffers)
+            with phase("forward"):
+                loss = fn(*args, **kwargs)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+                raise TypeError("fn must return a scalar loss tensor that requires grad")
+            stored = tracker.current - base
+            with phase("backward"):
+                loss.backward()
+            del loss
+    finally:
+        for p, g in zip(params, saved_grads):
+            p.grad = g
+    peak = tracker.peak - base
+    return ActivationPeak(peak, stored, tracker.peak_phase, tracker)
+
+
+class ForwardCounter:
+    """Counts calls to the `forward` of chosen modules, recomputations included.
+
+    Forward hooks are not reliable for this: a non-reentrant checkpoint stops
+    the recomputation as soon as the last tensor it needs has been recomputed
+    (early stop, the default), so the checkpointed module's forward never
+    returns and its forward hooks do not fire again. This counter instead
+    wraps `forward` itself and counts on entry:
+
+        counter = ForwardCounter(model.blocks)     # one module, or several
+        ... forward + backward ...
+        counter.counts  -> [2, 2, 2, 2]            # one per module, in order
+        counter.remove()                           # restore the original forwards
+
+    An nn.ModuleList or nn.Sequential stands for its children (one count per
+    block); any other module is counted itself. To count a Sequential's own
+    forward, pass it in a list: ForwardCounter([seq]).
+    """
+
+    def __init__(self, modules):
+        if isinstance(modules, nn.Module) and not isinstance(modules, (nn.ModuleList, nn.Sequential)):
+            modules = [modules]
+        if not isinstance(modules, (nn.Module, list, tuple)):
+            raise TypeError(f"modules must be an nn.Module or a list of them, got {type(modules).__name__}")
+        mods = list(modules)
+        if not mods or not all(isinstance(m, nn.Module) for m in mods):
+            raise TypeError("modules must be an nn.Module or a non-empty list of nn.Modules")
+        self.modules = mods
+        self.counts = [0] * len(mods)
+        self._shadowed = []                         # (module, the instance forward it had before, or None)
+        for i, m in enumerate(mods):
+            self._shadowed.append((m, m.__dict__.get("forward")))
+            original = m.forward
+
+            def counted(*a, _i=i, _f=original, **kw):
+                self.counts[_i] += 1
+                return _f(*a, **kw)
+
+            m.forward = counted                     # an instance attribute shadows the class method
+
+    def reset(self):
+        self.counts = [0] * len(self.modules)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def remove(self):
+        """Give every module its forward back (idempotent)."""
+        for m, before in self._shadowed:
+            if before is None:
+                m.__dict__.pop("forward", None)
+            else:
+                m.forward = before
+        self._shadowed = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+class ResidualMLPBlock(nn.Module):
+    """x + W2 gelu(W1 x): a transformer-like MLP block without attention.
+
+    Saved for backward in fp32 (u = B * d * 4 bytes): W1's input x (u), GELU's
+    input (hidden/d u) and W2's input (hidden/d u): 9 u for hidden = 4d. The
+    block output is not saved by this block (the next block saves it).
+    """
+
+    def __init__(self, d: int, hidden: int | None = None):
+        super().__init__()
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"d must be a positive int, got {d!r}")
+        hidden = 4 * d if hidden is None else hidden
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return x + self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+def block_stack(n: int, d: int = 32, hidden: int | None = None) -> nn.Sequential:
+    """nn.Sequential of `n` ResidualMLPBlocks of width `d`."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    return nn.Sequential(*(ResidualMLPBlock(d, hidden) for _ in range(n)))
+
+
+def chen_segment_peak(n_layers: int, segment: int, input_bytes: float, layer_bytes: float,
+                      checkpoint_last: bool = True) -> float:
+    """Peak activation bytes of a chain of `n_layers` identical layers cut into
+    segments of `segment` layers, each segment checkpointed (Chen et al. 2016,
+    "Training Deep Nets with Sublinear Memory Cost").
+
+    Each checkpointed segment keeps only its input (`input_bytes`); in the
+    backward one segment at a time is recomputed and holds `layer_bytes` per
+    layer (everything a layer saves for backward). So
+
+        peak = n_segments * input_bytes + segment * layer_bytes
+
+    segment = n_layers with checkpoint_last=False is no checkpointing (n * layer_bytes);
+    segment = 1 is per-layer checkpointing (n * input + one layer): still linear in n;
+    segment = sqrt(n) gives 2 sqrt(n) units when input_bytes == layer_bytes: O(sqrt(n)).
+    `checkpoint_last=False` models torch's checkpoint_sequential, which runs the
+    last segment without a checkpoint (its activations are stored, not its input).
+    Ignores the few tensors alive only for an instant (gradients in flight).
+    """
+    for name, v in (("n_layers", n_layers), ("segment", segment)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if segment > n_layers:
+        raise ValueError(f"segment ({segment}) cannot be longer than n_layers ({n_layers})")
+    if input_bytes < 0 or layer_bytes < 0:
+        raise ValueError("input_bytes and layer_bytes must be >= 0")
+    n_seg = math.ceil(n_layers / segment)
+    stashed = (n_seg if checkpoint_last else n_seg - 1) * input_bytes
+    return stashed + segment * layer_bytes
