@@ -1,0 +1,171 @@
+"""Plausible-wrong submissions for exercise 03 and the points each must lose."""
+
+ASSIGNMENT = "03_mixed_precision"
+
+# A complete scaler with three switchable mistakes. {SKIP} / {GROW} / {UNSCALE} are filled in below.
+_SCALER = '''
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        self._scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self._clean_steps = 0
+        self._unscaled = False
+        self._found_inf = False
+
+    def get_scale(self):
+        return self._scale
+
+    def scale(self, loss):
+        return loss * self._scale
+
+    def unscale_(self, optimizer):
+        {GUARD}
+        inv = 1.0 / self._scale
+        found = False
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(inv)
+                        found = found or not bool(torch.isfinite(p.grad).all())
+        self._found_inf = found
+        self._unscaled = True
+
+    def step(self, optimizer):
+        {UNSCALE}
+        {SKIP}
+
+    def update(self):
+        if self._found_inf:
+            self._scale *= self.backoff_factor
+            self._clean_steps = 0
+        else:
+            self._clean_steps += 1
+            {GROW}
+        self._unscaled = self._found_inf = False
+'''
+
+_GUARD = '''if self._unscaled:
+            raise RuntimeError("unscale_() has already been called since the last update()")'''
+_UNSCALE_ONCE = "if not self._unscaled:\n            self.unscale_(optimizer)"
+_STEP_IF_FINITE = "return None if self._found_inf else optimizer.step()"
+_GROWS = '''if self._clean_steps == self.growth_interval:
+                self._scale *= self.growth_factor
+                self._clean_steps = 0'''
+
+
+def _scaler(guard=_GUARD, unscale=_UNSCALE_ONCE, skip=_STEP_IF_FINITE, grow=_GROWS):
+    return (_SCALER.replace("{GUARD}", guard).replace("{UNSCALE}", unscale).replace("{SKIP}", skip)
+            .replace("{GROW}", grow))
+
+
+# steps even when the gradients hold inf/NaN (the scale still backs off)
+_NO_SKIP = _scaler(skip="optimizer.step()")
+# backs off but never grows the scale again
+_NEVER_GROWS = _scaler(grow="pass")
+# step() always unscales, even after an explicit unscale_() (and unscale_ has no guard)
+_UNSCALES_TWICE = _scaler(guard="pass", unscale="self.unscale_(optimizer)")
+
+_AMP = '''
+def amp_step(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, max_norm=None):
+    {CAST}
+    k = len(micro_batches)
+    total = 0.0
+    for x, y in micro_batches:
+        {FORWARD}
+        scaler.scale(loss).backward()
+        total += loss.item()
+    if max_norm is not None:
+        {CLIP}
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+'''
+_AUTOCAST_FORWARD = '''with torch.autocast(x.device.type, dtype=dtype):
+            loss = model(x, y) / k'''
+_UNSCALE_THEN_CLIP = '''scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)'''
+
+
+def _amp(cast="pass", forward=_AUTOCAST_FORWARD, clip=_UNSCALE_THEN_CLIP):
+    return _AMP.replace("{CAST}", cast).replace("{FORWARD}", forward).replace("{CLIP}", clip)
+
+
+# clips the scaled gradients, so the threshold is really max_norm / scale
+_CLIP_BEFORE_UNSCALE = _amp(clip="torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)")
+# "fewer bits" taken literally: the parameters themselves become 16-bit
+_PARAMS_TO_16BIT = _amp(cast="model.to(dtype)",
+                        forward='loss = model(x.to(dtype) if x.is_floating_point() else x, y) / k')
+# sums the micro-batch losses instead of averaging them
+_NO_MEAN = _amp(forward='''with torch.autocast(x.device.type, dtype=dtype):
+            loss = model(x, y)''')
+
+_REPORT = '''
+def dtype_report(model, optimizer, x, y, *, dtype=None):
+    report = {"parameters": {}, "gradients": {}, "optimizer": {}, "activations": {}}
+    def add(category, t, n):
+        report[category][t.dtype] = report[category].get(t.dtype, 0) + n
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    inputs = {x.untyped_storage()._cdata, y.untyped_storage()._cdata}
+    seen = set()
+    def pack(t):
+        st = t.untyped_storage()
+        {PACK}
+        return t
+    for p in model.parameters():
+        add("parameters", p, p.untyped_storage().nbytes())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(x.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = model(x, y)
+    loss.backward()
+    for p in model.parameters():
+        add("gradients", p.grad, p.grad.untyped_storage().nbytes())
+    optimizer.step()
+    for s in optimizer.state.values():
+        for v in s.values():
+            if torch.is_tensor(v):
+                add("optimizer", v, v.untyped_storage().nbytes())
+    optimizer.zero_grad(set_to_none=True)
+    return report
+'''
+# counts a Linear's saved weight (a parameter) as an activation
+_PARAMS_AS_ACTIVATIONS = _REPORT.replace("{PACK}", '''if st._cdata not in inputs and st._cdata not in seen:
+            seen.add(st._cdata)
+            add("activations", t, st.nbytes())''')
+# adds t.nbytes for every saved tensor: a tensor saved twice counts twice, a view counts its own size
+_NO_DEDUP = _REPORT.replace("{PACK}", '''if st._cdata not in params and st._cdata not in inputs:
+            add("activations", t, t.nbytes)''')
+
+_SCALER_LOSES = ["task3_1_loss_scaler_visible", "task3_1_loss_scaler_hidden"]
+_AMP_LOSES = ["task3_2_amp_step_visible", "task3_2_amp_step_hidden"]
+_REPORT_LOSES = ["task3_3_dtype_report_visible", "task3_3_dtype_report_hidden"]
+
+WRONG = {
+    "no_skip_on_overflow": {"replace": {"task3_1_loss_scaler": _NO_SKIP},
+                            "must_lose": _SCALER_LOSES,
+                            "must_keep": ["task3_2_amp_step_hidden", "task3_3_dtype_report_hidden"]},
+    "never_grows": {"replace": {"task3_1_loss_scaler": _NEVER_GROWS},
+                    "must_lose": _SCALER_LOSES,
+                    "must_keep": ["task3_2_amp_step_hidden"]},
+    "unscales_twice": {"replace": {"task3_1_loss_scaler": _UNSCALES_TWICE},
+                       "must_lose": _SCALER_LOSES,
+                       "must_keep": ["task3_3_dtype_report_hidden"]},
+    "clip_before_unscale": {"replace": {"task3_2_amp_step": _CLIP_BEFORE_UNSCALE},
+                            "must_lose": _AMP_LOSES,
+                            "must_keep": ["task3_1_loss_scaler_hidden", "task3_3_dtype_report_hidden"]},
+    "parameters_cast_to_16bit": {"replace": {"task3_2_amp_step": _PARAMS_TO_16BIT},
+                                 "must_lose": _AMP_LOSES,
+                                 "must_keep": ["task3_1_loss_scaler_hidden"]},
+    "sum_not_mean_over_micro_batches": {"replace": {"task3_2_amp_step": _NO_MEAN},
+                                        "must_lose": _AMP_LOSES,
+                                        "must_keep": ["task3_3_dtype_report_hidden"]},
+    "parameters_as_activations": {"replace": {"task3_3_dtype_report": _PARAMS_AS_ACTIVATIONS},
+                                  "must_lose": _REPORT_LOSES,
+                                  "must_keep": ["task3_1_loss_scaler_hidden", "task3_2_amp_step_hidden"]},
+    "saved_tensors_not_deduplicated": {"replace": {"task3_3_dtype_report": _NO_DEDUP},
+                                       "must_lose": _REPORT_LOSES,
+                                       "must_keep": ["task3_2_amp_step_hidden"]},
+}
