@@ -1,6 +1,6 @@
 """Measuring activation checkpointing: the activation bytes of one forward +
 backward, a forward-call counter that sees recomputations, a stack of simple
-residual blocks, and Chen et al.'s (2016) peak formulas to compare against.
+residual blocks. (Chen et al.'s 2016 peak formula is memlab.estimate.chen_segment_peak.)
 
 What is measured: `activation_peak` runs `loss = fn(*args)` and
 `loss.backward()` under a `MemoryTracker` that watches the model, with every
@@ -18,7 +18,6 @@ No checkpointing scheme lives here: wrapping blocks in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +25,7 @@ import torch.nn as nn
 
 from .track import MemoryTracker, format_bytes, phase
 
-__all__ = ["ActivationPeak", "activation_peak", "ForwardCounter", "ResidualMLPBlock", "block_stack",
-           "chen_segment_peak"]
+__all__ = ["ActivationPeak", "activation_peak", "ForwardCounter", "ResidualMLPBlock", "block_stack"]
 
 
 @dataclass
@@ -164,34 +162,3 @@ def block_stack(n: int, d: int = 32, hidden: int | None = None) -> nn.Sequential
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     return nn.Sequential(*(ResidualMLPBlock(d, hidden) for _ in range(n)))
-
-
-def chen_segment_peak(n_layers: int, segment: int, input_bytes: float, layer_bytes: float,
-                      checkpoint_last: bool = True) -> float:
-    """Peak activation bytes of a chain of `n_layers` identical layers cut into
-    segments of `segment` layers, each segment checkpointed (Chen et al. 2016,
-    "Training Deep Nets with Sublinear Memory Cost").
-
-    Each checkpointed segment keeps only its input (`input_bytes`); in the
-    backward one segment at a time is recomputed and holds `layer_bytes` per
-    layer (everything a layer saves for backward). So
-
-        peak = n_segments * input_bytes + segment * layer_bytes
-
-    segment = n_layers with checkpoint_last=False is no checkpointing (n * layer_bytes);
-    segment = 1 is per-layer checkpointing (n * input + one layer): still linear in n;
-    segment = sqrt(n) gives 2 sqrt(n) units when input_bytes == layer_bytes: O(sqrt(n)).
-    `checkpoint_last=False` models torch's checkpoint_sequential, which runs the
-    last segment without a checkpoint (its activations are stored, not its input).
-    Ignores the few tensors alive only for an instant (gradients in flight).
-    """
-    for name, v in (("n_layers", n_layers), ("segment", segment)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if segment > n_layers:
-        raise ValueError(f"segment ({segment}) cannot be longer than n_layers ({n_layers})")
-    if input_bytes < 0 or layer_bytes < 0:
-        raise ValueError("input_bytes and layer_bytes must be >= 0")
-    n_seg = math.ceil(n_layers / segment)
-    stashed = (n_seg if checkpoint_last else n_seg - 1) * input_bytes
-    return stashed + segment * layer_bytes

@@ -11,6 +11,7 @@ u = B*T*C*4 bytes (one fp32 activation of the residual stream).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .models import GPTConfig
@@ -18,7 +19,7 @@ from .models import GPTConfig
 __all__ = ["param_count", "mlp_param_count", "gpt_param_count", "BYTES_PER_PARAM", "model_state_bytes",
            "optimizer_step_temp_bytes", "mlp_activation_bytes", "gpt_activation_bytes",
            "korthikanti_activation_bytes", "zero_model_state_bytes", "Estimate", "mlp_peak_bytes",
-           "gpt_peak_bytes"]
+           "gpt_peak_bytes", "chen_segment_peak"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 PRECISIONS = ("fp32", "amp", "bf16")
@@ -380,3 +381,35 @@ def gpt_peak_bytes(cfg: GPTConfig, batch: int, seq: int, *, optimizer: str = "ad
         bd = {"parameters": P, "gradients": 0, "optimizer": O, "activations": A,
               "temporaries": cands[ph] - P - O - A}
     return Estimate(cands[ph], ph, bd, cands)
+
+
+# ----------------------------------------------------------------------------- checkpointing
+def chen_segment_peak(n_layers: int, segment: int, input_bytes: float, layer_bytes: float,
+                      checkpoint_last: bool = True) -> float:
+    """Peak activation bytes of a chain of `n_layers` identical layers cut into
+    segments of `segment` layers, each segment checkpointed (Chen et al. 2016,
+    "Training Deep Nets with Sublinear Memory Cost").
+
+    Each checkpointed segment keeps only its input (`input_bytes`); in the
+    backward one segment at a time is recomputed and holds `layer_bytes` per
+    layer (everything a layer saves for backward). So
+
+        peak = n_segments * input_bytes + segment * layer_bytes
+
+    segment = n_layers with checkpoint_last=False is no checkpointing (n * layer_bytes);
+    segment = 1 is per-layer checkpointing (n * input + one layer): still linear in n;
+    segment = sqrt(n) gives 2 sqrt(n) units when input_bytes == layer_bytes: O(sqrt(n)).
+    `checkpoint_last=False` models torch's checkpoint_sequential, which runs the
+    last segment without a checkpoint (its activations are stored, not its input).
+    Ignores the few tensors alive only for an instant (gradients in flight).
+    """
+    for name, v in (("n_layers", n_layers), ("segment", segment)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if segment > n_layers:
+        raise ValueError(f"segment ({segment}) cannot be longer than n_layers ({n_layers})")
+    if input_bytes < 0 or layer_bytes < 0:
+        raise ValueError("input_bytes and layer_bytes must be >= 0")
+    n_seg = math.ceil(n_layers / segment)
+    stashed = (n_seg if checkpoint_last else n_seg - 1) * input_bytes
+    return stashed + segment * layer_bytes

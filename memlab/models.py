@@ -129,6 +129,7 @@ class RMSNorm(nn.Module):
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021) on (B, H, T, hd), rotate-half form."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)          # the tables are fp32 buffers
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 

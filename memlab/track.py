@@ -43,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["CATEGORIES", "MemoryTracker", "Sample", "phase", "watch", "format_bytes"]
+__all__ = ["CATEGORIES", "MemoryTracker", "Sample", "phase", "watch", "active_trackers", "format_bytes"]
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 _IDX = {c: i for i, c in enumerate(CATEGORIES)}
@@ -92,6 +92,11 @@ def watch(model=None, optimizer=None, tensors: Iterable[torch.Tensor] = (), cate
     virtual GPU) calls this so parameters are counted as parameters."""
     for t in list(_ACTIVE):
         t.watch(model, optimizer, tensors, category)
+
+
+def active_trackers() -> list["MemoryTracker"]:
+    """The trackers whose `with` block is running, outermost first."""
+    return list(_ACTIVE)
 
 
 @dataclass
@@ -445,7 +450,7 @@ class MemoryTracker(TorchDispatchMode):
         if name not in self._phases_seen:
             self._phases_seen.append(name)
         pp = self._phase_peaks.get(name)        # a phase's peak includes the level it starts at
-        if pp is None or self._total > pp.total:
+        if name != "idle" and (pp is None or self._total > pp.total):
             self._phase_peaks[name] = _Peak(self._seq, self._total, list(self._counts))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -7,16 +7,17 @@ tracker counts each storage against the GPU's capacity, rounded up to 512
 bytes as the CUDA caching allocator rounds requests. A 7B-parameter step
 "runs" in seconds because no arithmetic happens.
 
-Build the model, optimizer and batch *inside* the step function, on
-`gpu.device`, and call `memlab.watch(model, optimizer)` so parameters are
-labelled as parameters:
+Build the model, optimizer and batch *inside* the step function (fake
+tensors are created on `gpu.device`, the default device, so no `.to()` is
+needed: `Module.to()` and `.half()` cannot swap fake parameters), and call
+`memlab.watch(model, optimizer)` so parameters are labelled as parameters:
 
     gpu = VirtualGPU("T4-16GB")
     def step():
-        model = GPT(GPTConfig.gpt2_medium()).to(gpu.device)
+        model = GPT(GPTConfig.gpt2_medium())
         opt = torch.optim.AdamW(model.parameters(), foreach=True)
         memlab.watch(model, opt)
-        x = torch.randint(0, 50257, (8, 1024), device=gpu.device)
+        x = torch.randint(0, 50257, (8, 1024))
         train_step(model, opt, x, x)
     result = gpu.run(step)          # raises torch.OutOfMemoryError if it does not fit
 
