@@ -1,0 +1,209 @@
+"""Plausible-wrong submissions for exercise 04 (the OOM clinic) and the points each must lose.
+
+Every wrong fix of a clinic script either still runs out of memory or fits by
+training something else; the grader checks both halves (fits at full size,
+same maths on a tiny instance)."""
+
+ASSIGNMENT = "04_oom_clinic"
+
+# fits: 4 optimizer steps on batches of 4 instead of one step on all 16 (a smaller batch, no accumulation)
+_SMALLER_BATCH = '''
+def train_big_batch_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)
+    for i in range(0, 16, 4):
+        with memlab.phase("forward"):
+            loss = model(x[i:i + 4], y[i:i + 4])
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss
+        with memlab.phase("step"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# fits and takes one step, but the accumulated gradient is 4x the mean's
+_NO_DIVIDE = '''
+def train_big_batch_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)
+    for i in range(0, 16, 4):
+        with memlab.phase("forward"):
+            loss = model(x[i:i + 4], y[i:i + 4])
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# fits, because nothing is recorded for backward -- and so nothing is learned
+_NO_GRAD = '''
+def train_big_batch_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)
+    with torch.no_grad():                       # "saves the activations"
+        with memlab.phase("forward"):
+            loss = model(x, y)
+    if loss.requires_grad:                      # it does not: there is nothing to backpropagate
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# detach() drops each graph right away, but one batch of 16 with autograd on still does not fit
+_DETACH_NOT_NO_GRAD = '''
+def evaluate_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    memlab.watch(model)
+    model.eval()
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 48)
+    losses = []
+    for i in range(0, 48, 16):
+        with memlab.phase("forward"):
+            losses.append(model(x[i:i + 16], y[i:i + 16]).detach())
+    return torch.stack(losses)
+'''
+
+# backward per micro-batch (fits), but the 1/4 of the original got lost on the way
+_ACCUMULATE_NO_DIVIDE = '''
+def train_accumulated_fixed(size="full", data=None):
+    model = build_gpt("gpt2-small", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-small", size, 32)
+    for i in range(0, 32, 8):
+        with memlab.phase("forward"):
+            loss = model(x[i:i + 8], y[i:i + 8])
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# fits (SGD keeps no state), but it is a different optimizer: a different training run
+_SWITCH_TO_SGD = '''
+def train_1b3_fixed(size="full", data=None):
+    model = build_gpt("gpt-1.3b", size)
+    opt = torch.optim.SGD(model.parameters(), lr=2e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# empty_cache() frees no live tensor: the step still runs out
+_EMPTY_CACHE_ONLY = '''
+def train_1b3_fixed(size="full", data=None):
+    model = build_gpt("gpt-1.3b", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    torch.cuda.empty_cache()                    # "free some memory before the step"
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# bisection that returns hi (the first batch that failed) instead of lo
+_BISECT_ONE_TOO_LARGE = '''
+def find_max_batch_size(step_fn, gpu, limit=4096):
+    def fits(batch):
+        return gpu.fits(step_fn, batch)
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, 2 * hi
+    if hi > limit:
+        if lo == limit or fits(limit):
+            return limit
+        hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+'''
+
+# measures growth from before the first step: the optimizer's lazily created state looks like a leak
+_LEAK_FROM_BEFORE_FIRST_STEP = '''
+def detect_leak(step_fn, model, optimizer, n_steps=5):
+    tracker = memlab.MemoryTracker(model, optimizer)
+    with tracker:
+        before = tracker.breakdown()
+        for _ in range(n_steps):
+            step_fn()
+        after = tracker.breakdown()
+    growth = {c: after[c] - before[c] for c in memlab.CATEGORIES}
+    cat = max(growth, key=growth.get)
+    return (cat, growth[cat] // n_steps) if growth[cat] > 0 else None
+'''
+
+_KEEP_OTHERS = ["task4_2_eval_no_grad_hidden", "task4_5_find_max_batch_size_hidden", "task4_6_leak_detector_hidden"]
+
+WRONG = {
+    "smaller_batch_without_accumulation": {
+        "replace": {"task4_1_big_batch": _SMALLER_BATCH},
+        "must_lose": ["task4_1_big_batch_visible", "task4_1_big_batch_hidden"],
+        "must_keep": _KEEP_OTHERS},
+    "accumulation_without_dividing_the_loss": {
+        "replace": {"task4_1_big_batch": _NO_DIVIDE},
+        "must_lose": ["task4_1_big_batch_visible", "task4_1_big_batch_hidden"],
+        "must_keep": _KEEP_OTHERS},
+    "training_under_no_grad": {
+        "replace": {"task4_1_big_batch": _NO_GRAD},
+        "must_lose": ["task4_1_big_batch_visible", "task4_1_big_batch_hidden"],
+        "must_keep": _KEEP_OTHERS},
+    "eval_detach_instead_of_no_grad": {
+        "replace": {"task4_2_eval_no_grad": _DETACH_NOT_NO_GRAD},
+        "must_lose": ["task4_2_eval_no_grad_visible", "task4_2_eval_no_grad_hidden"],
+        "must_keep": ["task4_1_big_batch_hidden", "task4_5_find_max_batch_size_hidden"]},
+    "per_micro_batch_backward_without_dividing": {
+        "replace": {"task4_3_accumulated_loss": _ACCUMULATE_NO_DIVIDE},
+        "must_lose": ["task4_3_accumulated_loss_visible", "task4_3_accumulated_loss_hidden"],
+        "must_keep": ["task4_4_optimizer_step_hidden", "task4_6_leak_detector_hidden"]},
+    "switch_to_sgd": {
+        "replace": {"task4_4_optimizer_step": _SWITCH_TO_SGD},
+        "must_lose": ["task4_4_optimizer_step_visible", "task4_4_optimizer_step_hidden"],
+        "must_keep": ["task4_1_big_batch_hidden", "task4_3_accumulated_loss_hidden"]},
+    "empty_cache_only": {
+        "replace": {"task4_4_optimizer_step": _EMPTY_CACHE_ONLY},
+        "must_lose": ["task4_4_optimizer_step_visible", "task4_4_optimizer_step_hidden"],
+        "must_keep": ["task4_2_eval_no_grad_hidden", "task4_5_find_max_batch_size_hidden"]},
+    "bisection_returns_one_too_large": {
+        "replace": {"task4_5_find_max_batch_size": _BISECT_ONE_TOO_LARGE},
+        "must_lose": ["task4_5_find_max_batch_size_visible", "task4_5_find_max_batch_size_hidden"],
+        "must_keep": ["task4_4_optimizer_step_hidden", "task4_6_leak_detector_hidden"]},
+    "leak_measured_from_before_the_first_step": {
+        "replace": {"task4_6_leak_detector": _LEAK_FROM_BEFORE_FIRST_STEP},
+        "must_lose": ["task4_6_leak_detector_visible", "task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_1_big_batch_hidden", "task4_5_find_max_batch_size_hidden"]},
+}
