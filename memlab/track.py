@@ -27,7 +27,7 @@ What it counts: storages created inside the `with` block on the tracked
 device, plus what `watch()` registers (the model's parameters, existing
 gradients and optimizer state, extra tensors). Bytes are `storage.nbytes()`;
 with `round_to=512` each storage is rounded up like the CUDA caching
-allocator rounds a request (kMinBlockSize = 512 in c10/cuda/CUDACachingAllocator.cpp).
+allocator rounds a request (kMinBlockSize = 512 in PyTorch's c10 caching allocator).
 It does not see the allocator's cached-but-free blocks, the CUDA context, or
 cuBLAS workspaces: on CUDA, `cuda_stats` reports the allocator beside it.
 """

@@ -153,48 +153,39 @@ def test_categories_agree_with_pytorch_memtracker():
 
 
 # ----------------------------------------------------------------------------- devices: meta and fake
-def test_meta_and_fake_tensors_measure_the_same_bytes():
-    def step(device):
-        torch.manual_seed(0)
-        model = memlab.MLP(32, 64, 2, 5).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        tr = memlab.MemoryTracker(model, opt, device=device)
-        with tr:
-            x = torch.randn(16, 32, device=device)
-            y = torch.randint(0, 5, (16,), device=device)
-            with memlab.phase("forward"):
-                loss = F.cross_entropy(model(x), y)
-            with memlab.phase("backward"):
-                loss.backward()
-            with memlab.phase("step"):
-                opt.step()
-        return tr.peak
-
-    cpu, meta = step("cpu"), step("meta")
-    assert cpu == meta
-
-    gpu = memlab.VirtualGPU(capacity_gb=1)
-
-    def fake_step():
+def _phased_sgd_step(device="cpu"):
+    """Build a small MLP and SGD inside the active tracker(s) and run one phased step."""
+    torch.manual_seed(0)
+    with torch.device(device):                 # build in place: .to() cannot swap tracked parameters
         model = memlab.MLP(32, 64, 2, 5)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        memlab.watch(model, opt)
         x = torch.randn(16, 32)
         y = torch.randint(0, 5, (16,))
-        with memlab.phase("forward"):
-            loss = F.cross_entropy(model(x), y)
-        with memlab.phase("backward"):
-            loss.backward()
-        with memlab.phase("step"):
-            opt.step()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    memlab.watch(model, opt)
+    with memlab.phase("forward"):
+        loss = F.cross_entropy(model(x), y)
+    with memlab.phase("backward"):
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
 
-    run = gpu.run(fake_step)
+
+def test_meta_and_fake_tensors_measure_the_same_bytes():
+    peaks = {}
+    for device in ("cpu", "meta"):
+        tr = memlab.MemoryTracker(device=device)
+        with tr:
+            _phased_sgd_step(device)
+        peaks[device] = tr.peak
+    assert peaks["cpu"] == peaks["meta"]
+
+    run = memlab.VirtualGPU(capacity_gb=1).run(_phased_sgd_step)
     # the virtual GPU rounds each storage to 512 bytes like the CUDA caching allocator
     tr = memlab.MemoryTracker(device="cpu", round_to=512)
     with tr:
-        fake_step()
+        _phased_sgd_step()
     assert run.fits and run.peak == tr.peak
-    assert cpu < run.peak
+    assert peaks["cpu"] < run.peak
 
 
 # ----------------------------------------------------------------------------- virtual GPU at full size
