@@ -1,29 +1,35 @@
-"""Grading commands for GPU Memory Lab (nbgrader underneath).
+"""Grading commands for GPU Memory Lab.
 
-    memlab-grade release [ASSIGNMENT ...]      regenerate exercises/ from solutions/ (instructors, CI)
-    memlab-grade check NOTEBOOK                 grade one notebook locally and print a per-task table (learners)
-    memlab-grade class SUBMISSIONS [-a NAME]    autograde a folder of submissions into the gradebook,
-                                                write feedback and grades.csv (instructors)
+    memlab-grade release [ASSIGNMENT ...]            regenerate exercises/ from solutions/ (instructors, CI)
+    memlab-grade check NOTEBOOK [-a ASSIGNMENT]       grade one notebook as the class run would (learners)
+    memlab-grade class SUBMISSIONS -a ASSIGNMENT      grade a folder of submissions into nbgrader's gradebook,
+                      [--jobs N] [--timeout S]        write feedback and grades.csv (instructors)
+    memlab-grade public DEST                          the learner-facing copy of the course (no solutions)
 
-(`python -m autograder.grade ...` is the same.) Every nbgrader call runs in its
-own process; in `class` each learner is graded in a separate process with a
-time limit, so one broken, endless or hostile notebook cannot stop or corrupt
-the grading of the others: it is reported and the rest go on.
+(`python -m autograder.grade ...` is the same.) Scores are decided by trusted code
+in this process: each learner's code runs in its own sandbox (autograder/sandbox.py)
+that returns plain data, which is judged here against the checks' own references
+(autograder/trusted.py). Only this process writes the gradebook, feedback and CSV,
+after the learner's sandbox has ended. See autograder/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import gradebook
+from .sandbox import Limits, Sandbox
+from .trusted import Exercise, Graded, NotGradable, grade_notebook, read_notebook, stage_course_code
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "autograder"
@@ -34,13 +40,14 @@ STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TASK_SUFFIX = re.compile(r"_(visible|hidden)$")
 
 
-# ----------------------------------------------------------------------------- nbgrader plumbing
+# ----------------------------------------------------------------------------- courses and exercises
 @dataclass
 class Course:
-    """An nbgrader course: a root folder, a gradebook, and where its config lives."""
+    """An nbgrader course: a root folder, a gradebook, where its config lives, and its release notebooks."""
     root: Path
     db: Path
     config_dir: Path             # the folder whose nbgrader_config.py nbgrader reads (it is run there)
+    release: Path = RELEASE
 
     @property
     def db_url(self) -> str:
@@ -50,64 +57,45 @@ class Course:
 MAIN = Course(ROOT, HERE / "gradebook.db", HERE)
 
 
-def temp_course(tmp: Path) -> Course:
-    """A throwaway course in `tmp` with the course's own settings: the learner's
-    self-check grades there, leaving the instructor's gradebook alone."""
-    (tmp / "solutions").symlink_to(SOURCE, target_is_directory=True)
+def temp_course(tmp: Path, release: Path = RELEASE) -> Course:
+    """A throwaway course in `tmp` with the course's own settings, leaving the instructor's gradebook alone."""
+    if SOURCE.is_dir():
+        (tmp / "solutions").symlink_to(SOURCE, target_is_directory=True)
     cfg = (f"exec(compile(open({str(CONFIG)!r}).read(), {str(CONFIG)!r}, 'exec'), "
            f"{{**globals(), '__file__': {str(CONFIG)!r}}})\n"
            f"c.CourseDirectory.root = {str(tmp)!r}\n"
            f"c.CourseDirectory.release_directory = 'release'\n"
-           f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n"
-           f"c.CsvExportPlugin.to = {str(tmp / 'grades.csv')!r}\n")
+           f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n")
     (tmp / "nbgrader_config.py").write_text(cfg)
-    return Course(tmp, tmp / "gradebook.db", tmp)
+    return Course(tmp, tmp / "gradebook.db", tmp, release)
 
 
-def nbgrader(course: Course, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run one nbgrader command in its own process, in the course's config folder."""
-    cmd = [sys.executable, "-m", "nbgrader", *args]
+def nbgrader(course: Course, *args: str, timeout: float | None = 600) -> subprocess.CompletedProcess:
+    """Run one nbgrader command (trusted data only) in the course's config folder."""
     env = dict(os.environ)
     # nbgrader runs `alembic` by name: make this interpreter's scripts folder come first
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # its own process group, so a time-out also stops the kernel it started
-    proc = subprocess.Popen(cmd, cwd=course.config_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course.config_dir, capture_output=True,
+                          text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def assignments() -> list[str]:
-    return sorted(p.name for p in SOURCE.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+def assignments(release: Path = RELEASE) -> list[str]:
+    return sorted(p.name for p in release.iterdir() if p.is_dir() and any(p.glob("*.ipynb"))) \
+        if release.is_dir() else []
 
 
-def _check_assignment(name: str) -> str:
-    names = assignments()
+def exercise(name: str, release: Path = RELEASE) -> Exercise:
+    names = assignments(release)
     if name not in names:
         raise SystemExit(f"unknown assignment {name!r}; choose one of {names}")
-    return name
+    nbs = sorted((release / name).glob("*.ipynb"))
+    return Exercise(name, nbs[0], f"autograder.checks.ex{name.split('_')[0]}")
 
 
 def generate(course: Course, assignment: str) -> None:
     out = nbgrader(course, "generate_assignment", assignment, "--force", "--create")
     if out.returncode != 0:
         raise SystemExit(f"nbgrader generate_assignment {assignment} failed:\n{out.stdout}\n{out.stderr}")
-
-
-def scores(course: Course, assignment: str, student: str) -> dict[str, tuple[float, float]]:
-    """{grade_id: (score, max_score)} of one autograded submission."""
-    from nbgrader.api import Gradebook, MissingEntry
-    with Gradebook(course.db_url) as gb:
-        try:
-            sub = gb.find_submission(assignment, student)
-        except MissingEntry:
-            return {}
-        return {g.name: (float(g.score), float(g.max_score)) for nb in sub.notebooks for g in nb.grades}
 
 
 def by_task(grades: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
@@ -130,159 +118,214 @@ def table(grades: dict[str, tuple[float, float]]) -> str:
     return "\n".join(lines)
 
 
-def _assignment_of(notebook: Path) -> str:
+def reasons(graded: Graded) -> str:
+    lines = [f"- {gid}: {why}" for gid, why in sorted(graded.reasons.items())]
+    if graded.note:
+        lines.insert(0, f"- {graded.note}")
+    lines += [f"- error in {e}" for e in graded.cell_errors]
+    return ("Why points were lost:\n" + "\n".join(lines)) if lines else ""
+
+
+def _assignment_of(notebook: Path, release: Path = RELEASE) -> str:
     """The assignment a notebook belongs to, from its file name (NN_name.ipynb)."""
-    stem = notebook.stem
-    for name in assignments():
-        if (SOURCE / name / f"{stem}.ipynb").exists():
+    for name in assignments(release):
+        if (release / name / notebook.name).exists():
             return name
     raise SystemExit(f"{notebook.name} does not match any exercise notebook; expected one of "
-                     f"{[p.name for a in assignments() for p in (SOURCE / a).glob('*.ipynb')]}")
-
-
-def _autograde_one(course: Course, assignment: str, student: str, timeout: float) -> str | None:
-    """Autograde one learner in its own process. Returns an error text or None."""
-    try:
-        out = nbgrader(course, "autograde", assignment, "--student", student, "--force", "--create",
-                       timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:g} s"
-    if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-8:]
-        return "nbgrader autograde failed: " + " | ".join(tail)
-    return None
+                     f"{[p.name for a in assignments(release) for p in (release / a).glob('*.ipynb')]} "
+                     f"(a renamed file: pass -a ASSIGNMENT)")
 
 
 # ----------------------------------------------------------------------------- commands
 def cmd_release(names: list[str]) -> None:
-    for name in names or assignments():
-        generate(MAIN, _check_assignment(name))
+    course = MAIN
+    for name in names or sorted(p.name for p in SOURCE.iterdir() if p.is_dir()):
+        generate(course, name)
         print(f"released {name} -> {(RELEASE / name).relative_to(ROOT)}")
 
 
-def check_notebook(notebook: Path, timeout: float = 1800) -> dict[str, tuple[float, float]]:
-    """Grade one notebook in a throwaway course; returns {grade_id: (score, max)}."""
+def check_notebook(notebook: Path, assignment: str | None = None, timeout: float = 1800,
+                   release: Path = RELEASE) -> Graded:
+    """Grade one notebook exactly as the class run does (sandbox included); nothing is written."""
     if not notebook.is_file():
         raise SystemExit(f"no such notebook: {notebook}")
-    assignment = _assignment_of(notebook)
+    ex = exercise(assignment or _assignment_of(notebook, release), release)
+    sandbox = Sandbox()
+    if sandbox.warning():
+        print(sandbox.warning(), file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="memlab-check-") as tmp:
-        course = temp_course(Path(tmp))
-        generate(course, assignment)
-        dest = course.root / "autograder" / "submitted" / "learner" / assignment
-        dest.mkdir(parents=True)
-        shutil.copy(notebook, dest / notebook.name)
-        err = _autograde_one(course, assignment, "learner", timeout)
-        if err:
-            raise SystemExit(f"could not grade {notebook}: {err}")
-        return scores(course, assignment, "learner")
+        stage = stage_course_code(Path(tmp) / "course")
+        try:
+            return grade_notebook(notebook, ex, stage=stage, sandbox=sandbox, limits=Limits(wall_s=timeout))
+        except NotGradable as e:
+            raise SystemExit(f"could not grade {notebook}: {e}")
 
 
-def cmd_check(notebook: str, timeout: float) -> None:
-    grades = check_notebook(Path(notebook).resolve(), timeout)
-    print(f"{Path(notebook).name}\n{table(grades)}")
+def cmd_check(notebook: str, assignment: str | None, timeout: float) -> None:
+    graded = check_notebook(Path(notebook).resolve(), assignment, timeout)
+    print(f"{Path(notebook).name}\n{table(graded.scores)}")
+    why = reasons(graded)
+    if why:
+        print("\n" + why)
 
 
 @dataclass
 class ClassResult:
     graded: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)      # not graded at all, and why
+    notes: dict[str, str] = field(default_factory=dict)       # graded, with a note (time-out, early exit)
+    skipped: dict[str, str] = field(default_factory=dict)     # entries of the folder that are no learner
 
 
-def _collect(submissions: Path, assignment: str) -> tuple[dict[str, Path], dict[str, str]]:
-    """Find each learner's notebook. Accepted layouts, per learner:
-    SUBMISSIONS/<id>.ipynb, SUBMISSIONS/<id>/<nb>.ipynb, SUBMISSIONS/<id>/<assignment>/<nb>.ipynb."""
-    expected = sorted(p.name for p in (SOURCE / assignment).glob("*.ipynb"))
+def collect(submissions: Path, ex: Exercise) -> tuple[dict[str, Path], dict[str, str], dict[str, str]]:
+    """Each learner's notebook. Accepted layouts, per learner: SUBMISSIONS/<id>.ipynb,
+    SUBMISSIONS/<id>/<nb>.ipynb, SUBMISSIONS/<id>/<assignment>/<nb>.ipynb.
+    Returns (found, failed, skipped)."""
     found: dict[str, Path] = {}
-    bad: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     for entry in sorted(submissions.iterdir()):
         sid = entry.stem if entry.is_file() else entry.name
         if entry.name.startswith("."):
+            skipped[entry.name] = "hidden file"
+            continue
+        if entry.is_symlink():
+            skipped[entry.name] = "a symbolic link (not followed)"
+            continue
+        if entry.is_file() and entry.suffix != ".ipynb":
+            skipped[entry.name] = "not a notebook (.ipynb)"
             continue
         if not STUDENT_ID.match(sid):
-            bad[entry.name] = "learner id must be letters, digits, '_', '.', '-' (at most 64 characters)"
+            failed[entry.name] = "learner id must be letters, digits, '_', '.', '-' (at most 64 characters)"
             continue
         if entry.is_file():
-            if entry.suffix == ".ipynb":
-                found[sid] = entry
+            found[sid] = entry
             continue
-        cands = [entry / assignment / n for n in expected] + [entry / n for n in expected]
-        cands += sorted(entry.glob("*.ipynb"))
-        hit = next((c for c in cands if c.is_file()), None)
+        nb = ex.release.name
+        cands = [entry / ex.name / nb, entry / nb] + sorted(entry.glob("*.ipynb"))
+        hit = next((c for c in cands if c.is_file() and not c.is_symlink()), None)
         if hit is None:
-            bad[sid] = f"no notebook found (looked for {expected} in {entry.name}/ and {entry.name}/{assignment}/)"
+            failed[sid] = f"no notebook found (looked for {nb} in {entry.name}/ and {entry.name}/{ex.name}/)"
         else:
             found[sid] = hit
-    return found, bad
+    return found, failed, skipped
 
 
-def grade_class(submissions: Path, assignment: str, timeout: float = 1800, course: Course = MAIN) -> ClassResult:
+def grade_class(submissions: Path, assignment: str, timeout: float = 1800, course: Course = MAIN, jobs: int = 1,
+                memory_gb: float = 6, log=print) -> ClassResult:
     if not submissions.is_dir():
         raise SystemExit(f"SUBMISSIONS must be a folder of learners' notebooks, got {submissions}")
-    _check_assignment(assignment)
-    generate(course, assignment)
-    found, bad = _collect(submissions, assignment)
-    res = ClassResult(failed=dict(bad))
-    nb_name = sorted(p.name for p in (SOURCE / assignment).glob("*.ipynb"))[0]
+    if not isinstance(jobs, int) or jobs < 1:
+        raise SystemExit(f"--jobs must be a whole number >= 1, got {jobs!r}")
+    ex = exercise(assignment, course.release)
+    found, failed, skipped = collect(submissions, ex)
+    if not found and not failed:
+        raise SystemExit(f"no submissions in {submissions}: expected <learner>.ipynb, <learner>/{ex.release.name} or "
+                         f"<learner>/{ex.name}/{ex.release.name}")
+    res = ClassResult(failed=dict(failed), skipped=skipped)
+    sandbox = Sandbox()
+    if sandbox.warning():
+        log(sandbox.warning())
+    gradebook.ensure_assignment(course.db_url, ex)
+    limits = Limits(wall_s=timeout, memory_bytes=int(memory_gb * 2**30))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    learners = {}
     for sid, path in found.items():
-        dest = course.root / "autograder" / "submitted" / sid / assignment
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
         try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            res.failed[sid] = f"not a readable notebook ({type(e).__name__}: {e})"
-            continue
-        shutil.copy(path, dest / nb_name)
-        err = _autograde_one(course, assignment, sid, timeout)
-        got = scores(course, assignment, sid)
-        if err and not got:
-            res.failed[sid] = err
-        else:
-            res.graded[sid] = got
-            if err:
-                res.failed[sid] = f"graded with errors: {err}"
+            learners[sid] = read_notebook(path)      # read once: what is graded is what is recorded
+        except NotGradable as e:
+            res.failed[sid] = str(e)
+    with tempfile.TemporaryDirectory(prefix="memlab-class-") as tmp:
+        stage = stage_course_code(Path(tmp) / "course")
+        copies = Path(tmp) / "submissions"
+        copies.mkdir()
+        for sid, nb in learners.items():
+            (copies / f"{sid}.ipynb").write_text(__import__("json").dumps(nb), encoding="utf-8")
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futs = {pool.submit(grade_notebook, copies / f"{sid}.ipynb", ex, stage=stage, sandbox=sandbox,
+                                limits=limits, threads=threads): sid for sid in learners}
+            for i, fut in enumerate(as_completed(futs), 1):
+                sid = futs[fut]
+                try:
+                    g = fut.result()
+                except NotGradable as e:
+                    res.failed[sid] = str(e)
+                    log(f"[{i}/{len(futs)}] {sid:<24} NOT GRADED: {e}")
+                    continue
+                gradebook.record(course, ex, sid, learners[sid], g)
+                res.graded[sid] = gradebook.scores(course, ex.name, sid)
+                if g.note:
+                    res.notes[sid] = g.note
+                s, m = g.total
+                log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s)" + (f"  {g.note}" if g.note else ""))
     if res.graded:
-        fb = nbgrader(course, "generate_feedback", assignment, "--force")
+        fb = nbgrader(course, "generate_feedback", ex.name, "--force")
         if fb.returncode != 0:
-            print(f"warning: feedback generation failed:\n{fb.stderr[-2000:]}", file=sys.stderr)
-    ex = nbgrader(course, "export")
-    if ex.returncode != 0:
-        print(f"warning: CSV export failed:\n{ex.stderr[-2000:]}", file=sys.stderr)
+            log(f"warning: feedback generation failed:\n{fb.stderr[-2000:]}")
+    gradebook.export_csv(course, course.root / "grades.csv")
     return res
 
 
-def cmd_class(submissions: str, assignment: str, timeout: float) -> None:
-    res = grade_class(Path(submissions).resolve(), assignment, timeout)
-    for sid, grades in res.graded.items():
-        s = sum(v[0] for v in grades.values())
-        m = sum(v[1] for v in grades.values())
-        print(f"{sid:<24} {s:g} / {m:g}")
-    for sid, why in res.failed.items():
-        print(f"{sid:<24} NOT GRADED: {why}" if sid not in res.graded else f"{sid:<24} note: {why}")
-    print(f"gradebook: {MAIN.db}\nfeedback:  {MAIN.root / 'autograder' / 'feedback'}\ngrades:    "
-          f"{ROOT / 'grades.csv'}")
+def cmd_class(submissions: str, assignment: str, timeout: float, jobs: int, memory_gb: float) -> None:
+    t0 = time.monotonic()
+    res = grade_class(Path(submissions).resolve(), assignment, timeout, jobs=jobs, memory_gb=memory_gb)
+    for sid, why in sorted(res.failed.items()):
+        print(f"{sid:<24} NOT GRADED: {why}")
+    for name, why in sorted(res.skipped.items()):
+        print(f"{name:<24} skipped: {why}")
+    print(f"graded {len(res.graded)} learners in {time.monotonic() - t0:.0f} s with --jobs {jobs}\n"
+          f"gradebook: {MAIN.db}\nfeedback:  {MAIN.root / 'autograder' / 'feedback'}\ngrades:    {ROOT / 'grades.csv'}")
+    if res.failed:
+        sys.exit(1)
+
+
+PUBLIC = ["README.md", "course.py", "pyproject.toml", "environment.yml", "nbgrader_config.py", "memlab", "lessons",
+          "exercises", "autograder", "benchmarks", ".gitignore"]
+
+
+def cmd_public(dest: str) -> None:
+    """The learner-facing copy: everything but the nbgrader source (solutions) and the graders' test corpus."""
+    out = Path(dest).resolve()
+    if out.exists() and any(out.iterdir()):
+        raise SystemExit(f"DEST must be a new or empty folder, got {out}")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback",
+                                    ".ipynb_checkpoints")
+    for name in PUBLIC:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, out / name, ignore=ignore)
+        elif src.is_file():
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, out / name)
+    print(f"learner-facing copy in {out}: lessons, exercises, memlab, the checks; no solutions/ and no tests/")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="memlab-grade", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("release", help="regenerate exercises/ from solutions/")
-    r.add_argument("assignments", nargs="*", help=f"default: all ({', '.join(assignments())})")
-    c = sub.add_parser("check", help="grade one notebook and print a per-task score table")
+    r.add_argument("assignments", nargs="*", help="default: all")
+    c = sub.add_parser("check", help="grade one notebook and print a per-task score table with reasons")
     c.add_argument("notebook")
+    c.add_argument("-a", "--assignment", help="the assignment, when the file was renamed")
     c.add_argument("--timeout", type=float, default=1800, help="seconds for the whole notebook (default 1800)")
-    k = sub.add_parser("class", help="autograde a folder of submissions (instructors)")
+    k = sub.add_parser("class", help="grade a folder of submissions (instructors)")
     k.add_argument("submissions")
     k.add_argument("-a", "--assignment", required=True, help=f"one of {assignments()}")
     k.add_argument("--timeout", type=float, default=1800, help="seconds per learner (default 1800)")
+    k.add_argument("--jobs", type=int, default=1, help="learners graded at once (default 1)")
+    k.add_argument("--memory-gb", type=float, default=6, help="memory per learner in GiB (default 6)")
+    u = sub.add_parser("public", help="write the learner-facing copy of the course (no solutions) to DEST")
+    u.add_argument("dest")
     a = p.parse_args(argv)
     if a.cmd == "release":
         cmd_release(a.assignments)
     elif a.cmd == "check":
-        cmd_check(a.notebook, a.timeout)
+        cmd_check(a.notebook, a.assignment, a.timeout)
+    elif a.cmd == "class":
+        cmd_class(a.submissions, a.assignment, a.timeout, a.jobs, a.memory_gb)
     else:
-        cmd_class(a.submissions, a.assignment, a.timeout)
+        cmd_public(a.dest)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,120 @@
-"""Helpers shared by the exercise checks: fresh randomness per run, a guard
-that keeps memlab's own tracker out of tasks that ask you to build one, and
-comparisons whose failure messages say what was expected."""
+"""The contract every exercise check follows, and helpers shared by the checks.
+
+A task is checked in three parts (see `Task`):
+
+- `cases(hidden, rng)` draws the inputs as plain data (ints, floats, strings,
+  lists, dicts). Visible cases use a fixed seed; hidden cases draw fresh
+  randomness every run and must cover every branch of the task's spec in every
+  run (each option, edge sizes, first step and steady state).
+- `run(case, **learner_names)` builds the inputs from the case, calls the
+  learner's code and returns what it observed as plain data. In class grading it
+  runs in the learner's sandboxed process (autograder/harness.py), so it decides
+  nothing.
+- `judge(case, got)` runs in the trusted grader: it computes its own reference
+  (a naive or library implementation, never the solution), checks exact types,
+  and raises AssertionError with a teaching message when `got` is wrong.
+
+In the notebook, `check(task, hidden=False, **names)` does all three in the
+learner's kernel for instant feedback; `memlab-grade` does the same with `run` in
+a sandbox and `judge` outside it, so both give the same verdicts.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import random
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 import memlab
+
+MAX_VALUE_CHARS = 4_000_000      # a probe's JSON result larger than this is refused
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str                                            # "task3_1_loss_scaler": the TODO comment and grade_id prefix
+    names: tuple[str, ...]                             # what the learner's notebook defines for this task
+    cases: Callable[[bool, random.Random], list]       # (hidden, rng) -> [case, ...], each plain data
+    run: Callable[..., Any]                            # (case, **learner_names) -> plain data   (learner's process)
+    judge: Callable[[Any, Any], None]                  # (case, got) -> None, or raise AssertionError (trusted)
+
+
+def tasks(*ts: Task) -> dict[str, Task]:
+    out = {}
+    for t in ts:
+        if t.id in out:
+            raise ValueError(f"two tasks share the id {t.id!r}")
+        out[t.id] = t
+    return out
+
+
+def _plain(x, path="result"):
+    """x, checked to be plain data of exact built-in types (no subclasses, no tensors)."""
+    t = type(x)
+    if x is None or t in (bool, int, str):
+        return x
+    if t is float:
+        return x
+    if t in (list, tuple):
+        return [_plain(v, f"{path}[{i}]") for i, v in enumerate(x)]
+    if t is dict:
+        for k in x:
+            if type(k) is not str:
+                raise TypeError(f"{path} has a key {k!r} of type {type(k).__name__}; keys must be str")
+        return {k: _plain(v, f"{path}[{k!r}]") for k, v in x.items()}
+    raise TypeError(f"{path} is a {t.__module__}.{t.__qualname__}, not plain data (int, float, str, bool, None, "
+                    f"list, dict); convert tensors with .tolist() or .item()")
+
+
+def encode(x) -> str:
+    """Plain data as JSON text, refusing anything else (what crosses the sandbox)."""
+    text = json.dumps(_plain(x), allow_nan=True)
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(f"the result is {len(text)} characters of JSON, more than the {MAX_VALUE_CHARS} allowed")
+    return text
+
+
+def decode(text: str):
+    return json.loads(text)
+
+
+def check(task: Task, *, hidden: bool = False, **names) -> int:
+    """Run a task's cases in this process: the notebook's instant feedback. Returns the number of cases."""
+    cases = task.cases(hidden, rng(hidden))
+    for case in cases:
+        task.judge(case, decode(encode(task.run(case, **names))))
+    return len(cases)
+
+
+# ----------------------------------------------------------------------------- judging helpers
+def expect_type(name: str, value, kind: type):
+    """value must be exactly of type kind (bool is not an int here)."""
+    if type(value) is not kind:
+        raise AssertionError(f"{name} must be a {kind.__name__}, got {type(value).__name__}: {str(value)[:80]}")
+    return value
+
+
+def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Nested lists of floats compared elementwise with a message naming the worst entry."""
+    g = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
+    w = torch.tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
+    if g.shape != w.shape:
+        raise AssertionError(f"{name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+    bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError(f"{name} differs from the reference at flat index {i}: got {g.flatten()[i].item():.6g}, "
+                             f"expected {w.flatten()[i].item():.6g} ({int(bad.sum())} of {bad.numel()} entries off)")
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
 
 
 def rng(hidden: bool, fixed_seed: int = 0) -> random.Random:

@@ -1,0 +1,83 @@
+"""The learner's side of trusted grading: runs INSIDE the sandbox, never trusted.
+
+    python -m autograder.harness JOB_DIR
+
+JOB_DIR/job.json (written by the grader) holds the notebook code to run, in order,
+and the probes: for each check case, the task id and the case's plain-data inputs.
+This process imports the exercise's check module first, runs the notebook code in
+an IPython shell (magics work; an error in one cell is recorded and the next cell
+runs), then calls each task's `run(case, **learner_names)` and appends one JSON line
+per case to JOB_DIR/results.jsonl: {"key": ..., "value": plain data} or
+{"key": ..., "error": text}. Nothing here decides a score: the grader reads these
+lines after this process and every process it started have ended, and judges each
+value against a reference it computes itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+
+def _alarm(signum, frame):
+    raise TimeoutError("this check ran past its time limit")
+
+
+def _learner_error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) < 2000 else text[:2000] + " ..."
+
+
+def main(job_dir: str) -> int:
+    job_dir = Path(job_dir)
+    job = json.loads((job_dir / "job.json").read_text())
+    # the check module and the encoder are bound here, before any learner code runs
+    checks = importlib.import_module(job["module"])
+    from autograder.checks.common import encode
+    tasks = dict(checks.TASKS)
+    results = open(job_dir / "results.jsonl", "a", encoding="utf-8")
+    cell_log = open(job_dir / "cells.jsonl", "a", encoding="utf-8")
+
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+    ns = shell.user_ns
+    for i, cell in enumerate(job["cells"]):
+        try:
+            r = shell.run_cell(cell["code"], store_history=False, silent=False)
+            err = r.error_in_exec or r.error_before_exec
+        except BaseException as e:  # SystemExit, KeyboardInterrupt raised outside IPython's own handling
+            err = e
+        if err is not None:
+            cell_log.write(json.dumps({"cell": i, "where": cell["where"], "error": _learner_error(err)}) + "\n")
+            cell_log.flush()
+
+    signal.signal(signal.SIGALRM, _alarm)
+    for probe in job["probes"]:
+        task = tasks[probe["task"]]
+        line = {"key": probe["key"]}
+        missing = [n for n in task.names if n not in ns]
+        if missing:
+            line["error"] = f"your notebook does not define {', '.join(missing)} (did its cell run without errors?)"
+        else:
+            signal.alarm(max(1, int(job["case_timeout"])))
+            try:
+                line["value"] = json.loads(encode(task.run(probe["case"], **{n: ns[n] for n in task.names})))
+            except BaseException as e:  # the learner's exception, SystemExit and KeyboardInterrupt included
+                line["error"] = _learner_error(e)
+                if not isinstance(e, (AssertionError, TimeoutError, TypeError, ValueError)):
+                    line["trace"] = traceback.format_exc(limit=-3)[-1500:]
+            finally:
+                signal.alarm(0)
+        results.write(json.dumps(line) + "\n")
+        results.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)
+    os._exit(main(sys.argv[1]))

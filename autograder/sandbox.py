@@ -1,0 +1,194 @@
+"""Run one learner's code in a sandbox: its own scratch folder, no network, limits on
+time, memory and processes, and nothing left running afterwards.
+
+On Linux with bubblewrap (`bwrap`, Debian/Ubuntu package `bubblewrap`) the learner's
+process sees a fresh root made of read-only system folders, the Python environment,
+the course code staged by the grader, and one writable scratch folder; it has its
+own PID, network, IPC and user namespaces, so when the sandbox ends every process
+in it ends too; inside, the learner is uid 65534 (`nobody`) without capabilities.
+Run as root, the grader also puts each sandbox in its own cgroup (memory and
+process limits). Without bubblewrap it
+falls back to a plain child process with resource limits and says which
+protections are missing (`Sandbox.missing`).
+
+stdout and stderr go to files in the scratch folder, never to pipes that a
+learner's process could hold open.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 1800.0              # the whole learner: wall-clock seconds
+    memory_bytes: int = 6 * 2**30       # resident memory of all its processes (cgroup) or address space (rlimit)
+    processes: int = 256                # processes and threads
+
+    def __post_init__(self):
+        if not (isinstance(self.wall_s, (int, float)) and self.wall_s > 0):
+            raise ValueError(f"wall_s must be a positive number of seconds, got {self.wall_s!r}")
+        if not (isinstance(self.memory_bytes, int) and self.memory_bytes >= 2**28):
+            raise ValueError(f"memory_bytes must be an int of at least 256 MiB, got {self.memory_bytes!r}")
+        if not (isinstance(self.processes, int) and self.processes >= 16):
+            raise ValueError(f"processes must be an int >= 16, got {self.processes!r}")
+
+
+@dataclass
+class Outcome:
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    stdout: Path
+    stderr: Path
+
+
+def _bwrap() -> str | None:
+    return None if os.environ.get("MEMLAB_NO_BWRAP") else shutil.which("bwrap")
+
+
+def _cgroup_dirs() -> list[Path]:
+    """Writable cgroup v1 memory and pids hierarchies, or one v2 root; [] if none."""
+    if os.geteuid() != 0:
+        return []
+    v1 = [CGROUP_V1 / "memory", CGROUP_V1 / "pids"]
+    if all(d.is_dir() and os.access(d, os.W_OK) for d in v1):
+        return v1
+    if (CGROUP_V1 / "cgroup.controllers").exists() and os.access(CGROUP_V1, os.W_OK):
+        return [CGROUP_V1]
+    return []
+
+
+@dataclass
+class Sandbox:
+    """How learners are isolated on this machine (decided once)."""
+    bwrap: str | None = field(default_factory=_bwrap)
+    cgroups: list[Path] = field(default_factory=_cgroup_dirs)
+
+    @property
+    def missing(self) -> list[str]:
+        """Protections this machine cannot give; empty when fully sandboxed."""
+        gaps = []
+        if not self.bwrap:
+            gaps += ["filesystem isolation (the learner's code can read and write whatever this user can)",
+                     "network isolation", "a PID namespace (a process that detaches may outlive the time limit)"]
+        if not self.cgroups:
+            gaps.append("a cgroup (memory is limited per process by address space, processes by RLIMIT_NPROC"
+                        + (", which root ignores)" if os.geteuid() == 0 else ")"))
+        return gaps
+
+    def warning(self) -> str | None:
+        if not self.missing:
+            return None
+        how = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and grade as root for cgroups"
+               if sys.platform.startswith("linux") else "grade on Linux with bubblewrap for full isolation")
+        return "warning: learners are graded without " + "; without ".join(self.missing) + f". To fix: {how}."
+
+    # ------------------------------------------------------------------ command line
+    def _bwrap_argv(self, argv: list[str], scratch: Path, binds: list[Path], env: dict[str, str]) -> list[str]:
+        cmd = [self.bwrap, "--unshare-all", "--uid", "65534", "--gid", "65534", "--die-with-parent", "--new-session", "--clearenv",
+               "--tmpfs", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for d in ("/usr", "/etc", "/opt"):
+            if Path(d).is_dir():
+                cmd += ["--ro-bind", d, d]
+        for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+            p = Path(d)
+            if p.is_symlink():
+                cmd += ["--symlink", os.readlink(p), d]
+            elif p.is_dir():
+                cmd += ["--ro-bind", d, d]
+        for b in binds:
+            cmd += ["--ro-bind", str(b), str(b)]
+        cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
+        for k, v in env.items():
+            cmd += ["--setenv", k, v]
+        return cmd + ["--", *argv]
+
+    # ------------------------------------------------------------------ run
+    def run(self, argv: list[str], scratch: Path, binds: list[Path], env: dict[str, str], limits: Limits) -> Outcome:
+        """Run argv with scratch as its only writable folder; returns when every process of it has ended."""
+        scratch = Path(scratch)
+        out, err = scratch / "stdout.txt", scratch / "stderr.txt"
+        cgs = []
+        for root in self.cgroups:
+            cg = root / f"memlab-{uuid.uuid4().hex[:12]}"
+            try:
+                cg.mkdir()
+                if root.name == "memory":
+                    (cg / "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                    (cg / "memory.memsw.limit_in_bytes").exists() and \
+                        (cg / "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+                elif root.name == "pids":
+                    (cg / "pids.max").write_text(str(limits.processes))
+                else:  # v2
+                    (cg / "memory.max").write_text(str(limits.memory_bytes))
+                    (cg / "pids.max").write_text(str(limits.processes))
+                cgs.append(cg)
+            except OSError:
+                if cg.exists():
+                    cg.rmdir()
+        if self.bwrap:
+            cmd = self._bwrap_argv(argv, scratch, binds, env)
+            child_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        else:
+            cmd, child_env = argv, dict(env, PATH=os.environ.get("PATH", "/usr/bin:/bin"))
+
+        def preexec():
+            for cg in cgs:
+                (cg / "cgroup.procs").write_text(str(os.getpid()))
+            if not cgs:
+                resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+                if os.geteuid() != 0:
+                    resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        t0 = time.monotonic()
+        timed_out = False
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            proc = subprocess.Popen(cmd, cwd=scratch, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                                    env=child_env, start_new_session=True, preexec_fn=preexec)
+            try:
+                proc.wait(timeout=limits.wall_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            _kill_all(proc, cgs)
+        return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err)
+
+
+def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:
+    """End the sandbox's process group, then every process left in its cgroups, then the cgroups."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for cg in cgroups:
+        for _ in range(100):
+            try:
+                pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
