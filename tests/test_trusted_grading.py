@@ -1,0 +1,335 @@
+"""The grading pipeline against a hostile class: an adversarial corpus of submissions of the
+drill exercise (autograder/checks/ex99.py) graded in one class run beside an honest and a
+blank learner. Every attack scores what it earned (0 for the hostile ones), the honest
+learner keeps full marks, the run ends within its limits, and the submissions, the course
+code and the other learners' records are untouched."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import grade, sandbox, trusted
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "solutions"
+A = "99_drill"
+TIMEOUT = 45            # seconds per learner in the corpus run
+pytestmark = pytest.mark.slow
+
+STORAGE = '''def storage_bytes(shape, dtype):
+    n = 1
+    for s in shape:
+        n *= s
+    return n * torch.empty((), dtype=getattr(torch, dtype)).element_size()'''
+SOFTMAX = '''def row_softmax(x):
+    z = x - x.max(dim=-1, keepdim=True).values
+    return z.exp() / z.exp().sum(dim=-1, keepdim=True)'''
+FULL = 6.0
+
+
+def drill_course(tmp: Path) -> grade.Course:
+    """A throwaway nbgrader course whose source is the drill fixture, with its release generated."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "solutions").symlink_to(FIXTURE, target_is_directory=True)
+    cfg = grade.CONFIG
+    (tmp / "nbgrader_config.py").write_text(
+        f"exec(compile(open({str(cfg)!r}).read(), {str(cfg)!r}, 'exec'), {{**globals(), '__file__': {str(cfg)!r}}})\n"
+        f"c.CourseDirectory.root = {str(tmp)!r}\nc.CourseDirectory.release_directory = 'release'\n"
+        f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n")
+    course = grade.Course(tmp, tmp / "gradebook.db", tmp, tmp / "release")
+    grade.generate(course, A)
+    return course
+
+
+def make(course, storage: str | None = STORAGE, softmax: str | None = SOFTMAX, extra_before: str | None = None,
+         edit=None) -> dict:
+    """The release notebook with its two solution cells filled (None: left as released)."""
+    nb = json.loads((course.release / A / f"{A}.ipynb").read_text())
+    for c in nb["cells"]:
+        gid = c["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid == "task99_1_storage_bytes" and storage is not None:
+            c["source"] = storage
+        if gid == "task99_2_row_softmax" and softmax is not None:
+            c["source"] = softmax
+    if extra_before is not None:   # a cell the learner added before the first solution
+        i = next(i for i, c in enumerate(nb["cells"]) if c["metadata"].get("nbgrader", {}).get("solution"))
+        nb["cells"].insert(i, {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                               "source": extra_before})
+    if edit:
+        edit(nb)
+    return nb
+
+
+def _hashes(*folders: Path) -> dict[str, str]:
+    out = {}
+    for d in folders:
+        for f in sorted(d.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                out[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+# ----------------------------------------------------------------------------- the corpus
+def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float]]:
+    """learner id -> (notebook or raw text, points it must score)."""
+    t = targets
+
+    def edit_points(nb):
+        for c in nb["cells"]:
+            m = c["metadata"].get("nbgrader", {})
+            if m.get("grade"):
+                m["points"] = 100
+
+    def edit_locked(nb):   # a learner who "fixed" the locked setup cell and a test cell to pass
+        for c in nb["cells"]:
+            m = c["metadata"].get("nbgrader", {})
+            if m.get("grade_id") == "setup":
+                c["source"] = "import torch\ndef check(*a, **k):\n    return 1\nclass ex99:\n    TASKS = {}"
+            if m.get("grade"):
+                c["source"] = "print('passed')"
+
+    def delete_locked(nb):  # deleted the setup and test cells; the solutions are right
+        nb["cells"] = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")
+                       or c["cell_type"] == "markdown"]
+
+    def duplicate_ids(nb):  # a second, wrong copy of a solution cell, and duplicated test cells
+        cells = nb["cells"]
+        i = next(i for i, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("grade_id")
+                 == "task99_1_storage_bytes")
+        wrong = copy.deepcopy(cells[i])
+        wrong["source"] = "def storage_bytes(shape, dtype):\n    return 0"
+        cells.insert(i + 1, wrong)
+        cells.extend(copy.deepcopy([c for c in cells if c["metadata"].get("nbgrader", {}).get("grade")]))
+
+    def colab_v5(nb):       # nbformat 4.5 with cell ids and Colab metadata: must grade normally
+        nb["nbformat_minor"] = 5
+        nb["metadata"]["colab"] = {"provenance": [], "name": "99_drill.ipynb"}
+        nb["metadata"]["accelerator"] = "GPU"
+        for i, c in enumerate(nb["cells"]):
+            c["id"] = f"cell-{i}"
+            c["metadata"]["id"] = f"colab{i}"
+
+    pass_all = "import builtins\nbuiltins.print('')"
+    return {
+        "honest": (make(course), FULL),
+        "blank": (make(course, None, None), 0),
+        # -- replacing or fooling the checks
+        "patch_checks": (make(course, "from autograder.checks import ex99, common\n"
+                                      "for _t in list(ex99.TASKS):\n"
+                                      "    ex99.TASKS[_t] = ex99.TASKS[_t].__class__(_t, (), lambda h, r: [{}], "
+                                      "lambda c: 0, lambda c, g: None)\n"
+                                      "common.check = lambda *a, **k: 1\n" + "def storage_bytes(s, d):\n    return 0",
+                             "def row_softmax(x):\n    return x"), 0),
+        "rebind_ex99": (make(course, "class ex99:\n    TASKS = {}\ndef check(*a, **k):\n    return 1\n"
+                                     "def storage_bytes(s, d):\n    return -1", "row_softmax = None"), 0),
+        "always_equal_int": (make(course, "class Eq(int):\n    def __eq__(self, o):\n        return True\n"
+                                          "    __hash__ = int.__hash__\n"
+                                          "def storage_bytes(s, d):\n    return Eq(1)", None), 0),
+        "always_equal_tensor": (make(course, None, "class Eq(list):\n    def __eq__(self, o):\n        return True\n"
+                                                   "class T(torch.Tensor):\n    def tolist(self):\n"
+                                                   "        return Eq([0.0])\n"
+                                                   "def row_softmax(x):\n    return torch.zeros(1).as_subclass(T)"), 0),
+        "patch_torch": (make(course, "torch.Tensor.__eq__ = lambda a, b: True\ntorch.allclose = lambda *a, **k: True\n"
+                                     "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n"
+                                     "def storage_bytes(s, d):\n    return 0", "def row_softmax(x):\n    return x"), 0),
+        "input_transformer": (make(course, extra_before="get_ipython().input_transformers_post.append("
+                                                         "lambda lines: ['pass\\n'])"), 0),
+        "ast_transformer": (make(course, extra_before="import ast\nclass Nop(ast.NodeTransformer):\n"
+                                                       "    def visit_Module(self, node):\n"
+                                                       "        return ast.Module(body=[ast.Pass()], type_ignores=[])\n"
+                                                       "get_ipython().ast_transformers.append(Nop())"), 0),
+        "wrapped_run_cell": (make(course, extra_before="ip = get_ipython()\n"
+                                                        "ip.run_cell = lambda *a, **k: None\n"
+                                                        "ip.run_cell_async = None"), 0),
+        "fake_results": (make(course, "import glob, json\nfor i in range(50):\n"
+                                      "    for g in ('task99_1_storage_bytes_visible', 'task99_1_storage_bytes_hidden',"
+                                      " 'task99_2_row_softmax_visible', 'task99_2_row_softmax_hidden'):\n"
+                                      "        open('results.jsonl', 'a').write(json.dumps({'key': f'{g}/{i}', "
+                                      "'value': 0}) + '\\n')\n"
+                                      "def storage_bytes(s, d):\n    return 0", "def row_softmax(x):\n    return x"), 0),
+        # -- reading what it must not read
+        "read_solutions": (make(course, f"src = open({t['solution']!r}).read()\n"
+                                        f"exec(src)   # would define correct functions if the file could be read",
+                                "db = open({!r}, 'rb').read()".format(t["gradebook"])), 0),
+        "network": (make(course, "import socket\ns = socket.create_connection(('127.0.0.1', {}), timeout=2)\n"
+                                 "def storage_bytes(s, d):\n    return 0".format(t["port"]), None), 0),
+        # -- writing what it must not write
+        "vandal": (make(course, "import os\n"
+                                + "".join(f"try:\n    open({p!r}, 'w').write('owned')\nexcept OSError:\n    pass\n"
+                                          for p in (t["other_submission"], t["gradebook"], t["csv"], t["sentinel"]))
+                                + f"try:\n    open({t['checks']!r}, 'a').write('\\nTASKS = {{}}\\n')\n"
+                                  f"except OSError:\n    pass\n"
+                                + "def storage_bytes(s, d):\n    return 0", None), 0),
+        # -- ending or hanging the grader
+        "system_exit": (make(course, "def storage_bytes(s, d):\n    raise SystemExit(0)",
+                             "def row_softmax(x):\n    raise KeyboardInterrupt"), 0),
+        "os_exit_in_cell": (make(course, "import os\nos._exit(0)"), 0),
+        "os_exit_in_test": (make(course, "import os\ndef storage_bytes(s, d):\n    os._exit(0)", None), 0),
+        "kills_grader": (make(course, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", None), 0),
+        "endless": (make(course, "while True:\n    pass"), 0),
+        "detached": (make(course, "import subprocess, sys\n"
+                                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # memlab-orphan'],"
+                                  " start_new_session=True)\n"
+                                  "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n"
+                                  "    time.sleep(600)\n"
+                                  "while True:\n    pass"), 0),
+        "fork_bomb": (make(course, "import os, time\nkids = []\nfor _ in range(600):\n    try:\n"
+                                   "        pid = os.fork()\n    except OSError:\n        break\n"
+                                   "    if pid == 0:\n        time.sleep(20)\n        os._exit(0)\n"
+                                   "    kids.append(pid)\n"
+                                   "def storage_bytes(s, d):\n    return 0", None), 0),
+        "memory_bomb": (make(course, "hog = []\nfor _ in range(64):\n    hog.append(bytearray(2**28))\n"
+                                     "def storage_bytes(s, d):\n    return 0", None), 0),
+        # -- honest work in odd shapes: must keep every point
+        "noisy_but_right": (make(course, "import sys, warnings, logging\nwarnings.warn('a warning')\n"
+                                         "print('to stderr', file=sys.stderr)\nlogging.getLogger().error('logged')\n"
+                                         "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass\n" + STORAGE,
+                                 "import warnings\n" + SOFTMAX.replace("    z =", "    warnings.warn('noisy')\n    z =")),
+                             FULL),
+        "edited_locked_cells": (make(course, edit=edit_locked), FULL),
+        "deleted_locked_cells": (make(course, edit=delete_locked), FULL),
+        "changed_points": (make(course, "def storage_bytes(s, d):\n    return 0", edit=edit_points), 3),
+        "duplicate_ids": (make(course, edit=duplicate_ids), FULL),
+        "colab_nbformat5": (make(course, edit=colab_v5), FULL),
+        "half_done": (make(course, softmax=None), 3),
+        "malformed_json": ("{ \"cells\": [ this is not json", None),
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus_run(tmp_path_factory):
+    if not sandbox.Sandbox().bwrap:
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap): the corpus needs the sandbox, "
+                    "and without it a hostile submission could damage this machine")
+    tmp = tmp_path_factory.mktemp("corpus")
+    course = drill_course(tmp / "course")
+    subs = tmp / "submissions"
+    subs.mkdir()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    sentinel = tmp / "sentinel.txt"
+    sentinel.write_text("untouched")
+    targets = {"solution": str(FIXTURE / A / f"{A}.ipynb"), "gradebook": str(course.db),
+               "csv": str(course.root / "grades.csv"), "other_submission": str(subs / "honest.ipynb"),
+               "sentinel": str(sentinel), "checks": str(ROOT / "autograder" / "checks" / "ex99.py"),
+               "port": listener.getsockname()[1]}
+    entries = corpus(course, targets)
+    for sid, (nb, _) in entries.items():
+        (subs / f"{sid}.ipynb").write_text(nb if isinstance(nb, str) else json.dumps(nb))
+    before = _hashes(subs, ROOT / "autograder", ROOT / "memlab", FIXTURE)
+    t0 = time.monotonic()
+    log = []
+    res = grade.grade_class(subs, A, timeout=TIMEOUT, course=course, jobs=2, memory_gb=2, log=log.append)
+    seconds = time.monotonic() - t0
+    listener.close()
+    yield {"res": res, "entries": entries, "course": course, "subs": subs, "before": before, "seconds": seconds,
+           "sentinel": sentinel, "log": log}
+
+
+def test_every_submission_scores_what_it_earned(corpus_run):
+    res, entries = corpus_run["res"], corpus_run["entries"]
+    wrong = {}
+    for sid, (_, want) in entries.items():
+        if want is None:
+            continue
+        got = sum(s for s, _ in res.graded.get(sid, {}).values()) if sid in res.graded else None
+        if got != want:
+            wrong[sid] = (got, want, res.failed.get(sid) or res.notes.get(sid))
+    assert not wrong, f"learner: (scored, should score, note): {wrong}\nlog: {corpus_run['log']}"
+    assert "malformed_json" in res.failed and "not a readable notebook" in res.failed["malformed_json"]
+    for sid in ("endless", "detached"):
+        assert "timed out" in res.notes.get(sid, ""), (sid, res.notes.get(sid))
+
+
+def test_the_run_ends_within_its_limits(corpus_run):
+    n = len(corpus_run["entries"])
+    # two learners at a time, each capped at TIMEOUT seconds: the whole run is far below n * TIMEOUT
+    assert corpus_run["seconds"] < n * TIMEOUT / 2 + 120, corpus_run["seconds"]
+    orphans = subprocess.run(["pgrep", "-f", "memlab-orphan"], capture_output=True, text=True).stdout.split()
+    assert not orphans, f"processes a learner started outlived its grading: {orphans}"
+
+
+def test_nothing_outside_the_attackers_rows_changed(corpus_run):
+    after = _hashes(corpus_run["subs"], ROOT / "autograder", ROOT / "memlab", FIXTURE)
+    changed = [k for k in corpus_run["before"] if after.get(k) != corpus_run["before"][k]]
+    assert not changed, f"a learner changed files it must not touch: {changed}"
+    assert corpus_run["sentinel"].read_text() == "untouched"
+    course = corpus_run["course"]
+    rows = (course.root / "grades.csv").read_text().splitlines()
+    assert rows[0].startswith("student,assignment,task99_1_storage_bytes,task99_2_row_softmax"), rows[0]
+    by_sid = {r.split(",")[0]: r for r in rows[1:]}
+    assert len(by_sid) == len(rows) - 1, "one row per learner and assignment"
+    assert by_sid["honest"] == "honest,99_drill,3,3,6,6", by_sid["honest"]
+    assert "malformed_json" not in by_sid
+    html = (course.root / "autograder" / "feedback" / "honest" / A / f"{A}.html").read_text()
+    assert "6.0 / 6.0" in html or "Score: 6" in html, "honest learner's feedback shows full marks"
+
+
+def test_feedback_teaches_without_leaking_hidden_tests(corpus_run):
+    course = corpus_run["course"]
+    nb = json.loads((course.root / "autograder" / "autograded" / "half_done" / A / f"{A}.ipynb").read_text())
+    text = json.dumps(nb)
+    assert "hidden=True" not in text, "hidden test source must not reach the feedback"
+    assert "not done yet" in text
+    assert str(ROOT) not in text, "the grader's file paths must not reach the feedback"
+
+
+def test_sandbox_sees_no_course_files_and_no_network(tmp_path):
+    box = sandbox.Sandbox()
+    if not box.bwrap:
+        pytest.skip("bubblewrap is not installed: the fallback is tested in test_fallback_warns")
+    probe = ("import os, socket, json\n"
+             f"seen = {{p: os.path.exists(p) for p in {[str(ROOT / 'solutions'), str(ROOT / 'autograder'), __file__]!r}}}\n"
+             "seen['shadow'] = os.access('/etc/shadow', os.R_OK)\n"
+             "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1); seen['net'] = True\n"
+             "except OSError:\n    seen['net'] = False\n"
+             "seen['uid'] = os.getuid(); print(json.dumps(seen))")
+    out = box.run([sys.executable, "-c", probe], tmp_path, trusted.python_binds(), {}, sandbox.Limits(wall_s=30))
+    seen = json.loads(out.stdout.read_text())
+    assert seen == {str(ROOT / "solutions"): False, str(ROOT / "autograder"): False, __file__: False,
+                    "shadow": False, "net": False, "uid": 65534}, seen
+
+
+def test_fallback_warns_which_protections_are_missing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEMLAB_NO_BWRAP", "1")
+    box = sandbox.Sandbox()
+    assert box.bwrap is None
+    assert "filesystem isolation" in box.warning() and "network isolation" in box.warning()
+    course = drill_course(tmp_path / "course")
+    nb = tmp_path / f"{A}.ipynb"
+    nb.write_text(json.dumps(make(course)))
+    g = grade.check_notebook(nb, A, timeout=60, release=course.release)
+    assert g.total == (FULL, FULL), (g.scores, g.reasons, g.note)
+    assert "warning: learners are graded without" in capsys.readouterr().err
+
+
+def test_jobs_give_the_same_scores_as_one_job(tmp_path):
+    course = drill_course(tmp_path / "course")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    for sid, nb in {"a": make(course), "b": make(course, softmax=None), "c": make(course, None, None)}.items():
+        (subs / f"{sid}.ipynb").write_text(json.dumps(nb))
+    one = grade.grade_class(subs, A, timeout=60, course=course, jobs=1, log=lambda s: None).graded
+    two = grade.grade_class(subs, A, timeout=60, course=course, jobs=2, log=lambda s: None).graded
+    assert one == two and sum(s for s, _ in one["a"].values()) == FULL
+
+
+def test_class_refuses_an_empty_folder_and_an_unknown_assignment(tmp_path):
+    course = drill_course(tmp_path / "course")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no submissions"):
+        grade.grade_class(tmp_path / "empty", A, course=course)
+    with pytest.raises(SystemExit, match="unknown assignment"):
+        grade.grade_class(tmp_path / "empty", "42_nothing", course=course)
