@@ -57,10 +57,11 @@ class Course:
 MAIN = Course(ROOT, HERE / "gradebook.db", HERE)
 
 
-def temp_course(tmp: Path, release: Path = RELEASE) -> Course:
-    """A throwaway course in `tmp` with the course's own settings, leaving the instructor's gradebook alone."""
-    if SOURCE.is_dir():
-        (tmp / "solutions").symlink_to(SOURCE, target_is_directory=True)
+def temp_course(tmp: Path, source: Path = SOURCE, release: Path = RELEASE) -> Course:
+    """A throwaway course in `tmp` with the course's own settings and `source` as its nbgrader source,
+    leaving the instructor's gradebook alone. Its releases are graded from `release`."""
+    if source.is_dir():
+        (tmp / "solutions").symlink_to(source, target_is_directory=True)
     cfg = (f"exec(compile(open({str(CONFIG)!r}).read(), {str(CONFIG)!r}, 'exec'), "
            f"{{**globals(), '__file__': {str(CONFIG)!r}}})\n"
            f"c.CourseDirectory.root = {str(tmp)!r}\n"
@@ -68,6 +69,18 @@ def temp_course(tmp: Path, release: Path = RELEASE) -> Course:
            f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n")
     (tmp / "nbgrader_config.py").write_text(cfg)
     return Course(tmp, tmp / "gradebook.db", tmp, release)
+
+
+DRILL = ROOT / "tests" / "fixtures" / "solutions"
+
+
+def drill_course(tmp: Path) -> Course:
+    """A throwaway course holding only the drill exercise (99_drill, autograder/checks/ex99.py), released:
+    what the pipeline's own tests and benchmarks grade."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    course = temp_course(tmp, DRILL, tmp / "release")
+    generate(course, "99_drill")
+    return course
 
 
 def nbgrader(course: Course, *args: str, timeout: float | None = 600) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ import pytest
 from autograder import grade, sandbox, trusted
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "solutions"
+FIXTURE = grade.DRILL
 A = "99_drill"
 TIMEOUT = 45            # seconds per learner in the corpus run
 pytestmark = pytest.mark.slow
@@ -39,17 +39,7 @@ FULL = 6.0
 
 
 def drill_course(tmp: Path) -> grade.Course:
-    """A throwaway nbgrader course whose source is the drill fixture, with its release generated."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "solutions").symlink_to(FIXTURE, target_is_directory=True)
-    cfg = grade.CONFIG
-    (tmp / "nbgrader_config.py").write_text(
-        f"exec(compile(open({str(cfg)!r}).read(), {str(cfg)!r}, 'exec'), {{**globals(), '__file__': {str(cfg)!r}}})\n"
-        f"c.CourseDirectory.root = {str(tmp)!r}\nc.CourseDirectory.release_directory = 'release'\n"
-        f"c.CourseDirectory.db_url = 'sqlite:///{tmp / 'gradebook.db'}'\n")
-    course = grade.Course(tmp, tmp / "gradebook.db", tmp, tmp / "release")
-    grade.generate(course, A)
-    return course
+    return grade.drill_course(tmp)
 
 
 def make(course, storage: str | None = STORAGE, softmax: str | None = SOFTMAX, extra_before: str | None = None,
