@@ -1,61 +1,292 @@
 #!/usr/bin/env python3
 """GPU Memory Lab: the two commands.
 
-    python3 course.py start     set up .venv (first run only) and open lesson 01 in JupyterLab
-    python3 course.py test      set up .venv (first run only) and run every test
+    python3 course.py start [JUPYTERLAB OPTIONS]   set up .venv (first run only), copy the lessons and
+                                                   exercises into my-work/ and open lesson 01 there
+    python3 course.py test [PYTEST OPTIONS]        set up .venv (first run only) and run every test
+    python3 course.py sync                         only bring my-work/ up to date (what start does first)
+    python3 course.py help                         this text
 
-Needs Python 3.10+ and pip. PyTorch is installed first, pinned (COURSE_TORCH
-overrides the pin, e.g. COURSE_TORCH="torch" for the newest CUDA build), then
-the course package with everything in pyproject.toml.
+`start` passes its options to JupyterLab, for example on a remote machine or in a container:
+
+    python3 course.py start --no-browser --ip=0.0.0.0 --port=8888
+
+(then open the URL with the token that JupyterLab prints). Run as root, `start` adds --allow-root, without
+which JupyterLab refuses to start. The server's PATH begins with .venv's scripts folder, so `memlab-grade`
+works in JupyterLab's terminal.
+
+my-work/ is your working copy, ignored by git: you open and edit the notebooks there, so `git pull` never
+conflicts with your work. Each `start` copies notebooks that are new in the course, and replaces a copy only
+if you never changed it; a notebook you changed is never overwritten (rename or delete yours to get the
+course's current version on the next start).
+
+Needs Python 3.10+ and pip. PyTorch is installed first, pinned (COURSE_TORCH overrides the pin: pip
+arguments, e.g. COURSE_TORCH="torch" for the newest build), then the course package with all its
+extras (pip install -e ".[all]").
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import platform
+import shlex
+import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH = os.environ.get("COURSE_TORCH", "torch==2.13.0")
+EXTRAS = "all"                     # pyproject.toml: course (JupyterLab, nbgrader, pytest), zero, qlora
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".course-installed"
+WORK = ROOT / "my-work"            # the learner's working copy (.gitignore lists it)
+COPIED = ("lessons", "exercises")  # the folders copied into it
+MANIFEST = ".course-copies.json"   # in WORK: {path: sha256 of the course's file when it was copied}
+FIRST_LESSON = "lessons/01_memory_anatomy.ipynb"
+COMMANDS = ("start", "test", "sync", "help")
 
 
-def run(*cmd: str | Path) -> None:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
+class CourseError(Exception):
+    """A failure with a one-line hint that says what to do."""
+
+
+def say(msg: str) -> None:
+    print(f"course.py: {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------- the environment
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += (Path(dirpath) / f).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _pip(args: list[str], hint: str) -> None:
+    cmd = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", *args]
+    print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        raise CourseError(hint)
+
+
+def _has_pip() -> bool:
+    return subprocess.run([str(PY), "-m", "pip", "--version"], cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+def _make_venv() -> None:
+    say("[1/3] creating .venv, a Python environment for the course inside this folder")
+    try:
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    except (subprocess.CalledProcessError, OSError) as e:
+        shutil.rmtree(VENV, ignore_errors=True)
+        raise CourseError(f"could not create .venv with pip ({type(e).__name__}); on Debian/Ubuntu install "
+                          f"the venv module (sudo apt install python3-venv) and run the command again") from e
+
+
+def _torch_size_note() -> str:
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
+        note = ("on Linux this is the CUDA build: a wheel of about 0.5 GB plus NVIDIA's CUDA libraries, "
+                "several GB in all")
+        if shutil.which("nvidia-smi") is None:
+            note += ("; no NVIDIA driver found here: the CPU-only build is far smaller, see README 'Start' "
+                     "(COURSE_TORCH)")
+        return note
+    return "a few hundred MB"
 
 
 def setup() -> None:
+    """Create .venv and install the course into it; a no-op when nothing changed since the last run."""
     if sys.version_info < (3, 10):
-        sys.exit(f"GPU Memory Lab needs Python 3.10 or newer; this is {sys.version.split()[0]}")
-    if not PY.exists():
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + TORCH.encode()).hexdigest()
+        raise CourseError(f"GPU Memory Lab needs Python 3.10 or newer; this is {sys.version.split()[0]}: "
+                          f"run course.py with a newer python3")
+    if VENV.exists() and not PY.exists():
+        raise CourseError(f"{VENV.name}/ exists but has no {PY.relative_to(VENV)} (made by another Python or "
+                          f"on another machine?): remove it (rm -rf .venv) and run the command again")
+    if not VENV.exists():
+        _make_venv()
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + f"{TORCH}|{EXTRAS}".encode()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == want:
         return
+    if not _has_pip():
+        raise CourseError(".venv has no pip (it was created without it, or is damaged): remove it "
+                          "(rm -rf .venv) and run the command again; course.py recreates it")
     # torch first, pinned: a loose requirement would pull the newest build and its CUDA wheels
-    run(PY, "-m", "pip", "install", "--quiet", TORCH)
-    run(PY, "-m", "pip", "install", "--quiet", "-e", ".")
+    say(f"[2/3] installing PyTorch ({TORCH}), the largest download: {_torch_size_note()}")
+    _pip(shlex.split(TORCH), f"pip could not install PyTorch ({TORCH}), see its message above: check the "
+                             f"internet connection and free disk space; if no build exists for Python "
+                             f"{platform.python_version()} here, try COURSE_TORCH=torch for the newest one")
+    say(f"[3/3] installing the course and its tools (pip install -e \".[{EXTRAS}]\"): JupyterLab, nbgrader, "
+        f"transformers, DeepSpeed, peft, bitsandbytes and their dependencies, about 1 GB more")
+    _pip(["-e", f".[{EXTRAS}]"], "pip could not install the course's packages, see its message above: check "
+                                 "the internet connection and free disk space, then run the command again "
+                                 "(finished downloads are cached)")
     STAMP.write_text(want)
+    say(f"ready: .venv holds {_size(VENV) / 2**30:.1f} GiB")
 
 
+# ----------------------------------------------------------------------------- the working copy
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def course_files(src: Path = ROOT) -> list[str]:
+    """The files copied into the working copy: everything under lessons/ and exercises/ except hidden files
+    (.ipynb_checkpoints) and caches, as sorted POSIX paths relative to `src`."""
+    out = []
+    for top in COPIED:
+        for p in sorted((src / top).rglob("*")):
+            rel = p.relative_to(src)
+            if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+                out.append(rel.as_posix())
+    return out
+
+
+@dataclass
+class SyncReport:
+    added: list[str] = field(default_factory=list)      # new in the course: copied
+    updated: list[str] = field(default_factory=list)    # changed in the course, copy untouched: replaced
+    kept: list[str] = field(default_factory=list)       # changed in the course AND by the learner: left alone
+
+    def lines(self, dest: Path) -> list[str]:
+        out = []
+        if self.added:
+            names = ", ".join(self.added) if len(self.added) <= 4 else "lessons/ and exercises/"
+            out.append(f"{dest.name}/: copied {len(self.added)} new file(s): {names}")
+        if self.updated:
+            out.append(f"{dest.name}/: updated {len(self.updated)} file(s) you had not changed: "
+                       + ", ".join(self.updated))
+        for rel in self.kept:
+            out.append(f"{dest.name}/{rel}: the course has a newer version; your changed copy is kept "
+                       f"(rename it and run start again to get the new one beside it)")
+        return out
+
+
+def sync_work(src: Path = ROOT, dest: Path = WORK) -> SyncReport:
+    """Bring the working copy `dest` up to date with the course in `src` without ever overwriting a file the
+    learner changed: new course files are copied; a copy is replaced only while its bytes are still exactly
+    those copied (so the learner never touched it); otherwise it is kept and reported."""
+    if not isinstance(src, Path) or not isinstance(dest, Path):
+        raise TypeError("src and dest must be pathlib.Path objects")
+    manifest_path = dest / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    report = SyncReport()
+    for rel in course_files(src):
+        s, d = src / rel, dest / rel
+        new = _sha(s)
+        if not d.exists():
+            d.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(s, d)
+            manifest[rel] = new
+            report.added.append(rel)
+        elif rel in manifest and manifest[rel] != new:       # the course changed this file since it was copied
+            if _sha(d) == manifest[rel]:                     # ... and the copy is untouched: safe to replace
+                shutil.copyfile(s, d)
+                manifest[rel] = new
+                report.updated.append(rel)
+            else:
+                report.kept.append(rel)
+    dest.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return report
+
+
+# ----------------------------------------------------------------------------- JupyterLab
+def running_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The JupyterLab server's environment: .venv's scripts folder first on PATH (kernels and terminals
+    inherit it, so `memlab-grade` and `python` are the course's), VIRTUAL_ENV set as `activate` does."""
+    env = dict(os.environ if environ is None else environ)
+    env["PATH"] = os.pathsep.join([str(BIN)] + [p for p in env.get("PATH", "").split(os.pathsep) if p])
+    env["VIRTUAL_ENV"] = str(VENV)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def jupyter_command(options: list[str], *, as_root: bool, environ: dict[str, str] | None = None,
+                    root_dir: Path = WORK) -> list[str]:
+    """The JupyterLab command line: the working copy as root folder, lesson 01 opened, `options` passed on."""
+    env = os.environ if environ is None else environ
+    cmd = [str(PY), "-m", "jupyterlab", f"--ServerApp.root_dir={root_dir}",
+           f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
+    if os.name != "nt" and not any(o.startswith("--ServerApp.terminado_settings") for o in options):
+        # JupyterLab's terminal is a login shell when the server's output is not a terminal (nohup, a
+        # container), and a login shell reads /etc/profile, which on Debian/Ubuntu resets PATH: ask for a
+        # plain interactive shell so the PATH set in server_env() holds.
+        shell = env.get("SHELL") or shutil.which("bash") or "sh"
+        cmd.append(f"--ServerApp.terminado_settings=shell_command={json.dumps([shell])}")
+    if as_root and "--allow-root" not in options:
+        cmd.append("--allow-root")
+    return cmd + list(options)
+
+
+def start(options: list[str]) -> int:
+    report = sync_work()
+    for line in report.lines(WORK):
+        say(line)
+    as_root = running_as_root()
+    if as_root:
+        say("running as root (a container or cloud VM?): passing --allow-root to JupyterLab")
+    cmd = jupyter_command(options, as_root=as_root)
+    say(f"opening JupyterLab in {WORK.name}/ (your working copy; stop it with Ctrl-C)")
+    env = server_env()
+    if os.name == "nt":
+        return subprocess.run(cmd, cwd=WORK, env=env).returncode
+    os.chdir(WORK)
+    os.execve(cmd[0], cmd, env)
+    return 0  # not reached
+
+
+# ----------------------------------------------------------------------------- main
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("start", "test"):
+    if not argv:
         print(__doc__)
         return 2
-    setup()
-    if argv[0] == "start":
-        # serve the whole course (lessons and exercises), opening lesson 01
-        os.execv(str(PY), [str(PY), "-m", "jupyterlab", f"--ServerApp.root_dir={ROOT}",
-                           "--LabApp.default_url=/lab/tree/lessons/01_memory_anatomy.ipynb", *argv[1:]])
-    # tests: CI and contributors; extra arguments go to pytest (e.g. -m "not slow")
-    return subprocess.run([str(PY), "-m", "pytest", "-ra", *argv[1:]], cwd=ROOT).returncode
+    command, rest = argv[0], argv[1:]
+    if command in ("help", "-h", "--help"):
+        print(__doc__)
+        return 0
+    if command not in COMMANDS:
+        print(f"course.py: unknown command {command!r}; the commands are: {', '.join(COMMANDS)} "
+              f"(python3 course.py help)", file=sys.stderr)
+        return 2
+    if command == "sync":
+        if rest:
+            print(f"course.py: sync takes no options, got {rest}", file=sys.stderr)
+            return 2
+        for line in sync_work().lines(WORK) or [f"{WORK.name}/ is up to date"]:
+            say(line)
+        return 0
+    try:
+        setup()
+        if command == "start":
+            return start(rest)
+        # tests: CI and contributors; extra arguments go to pytest (e.g. -m "not slow")
+        return subprocess.run([str(PY), "-m", "pytest", "-ra", *rest], cwd=ROOT).returncode
+    except CourseError as e:
+        print(f"course.py: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ncourse.py: interrupted; run the same command again to go on (pip keeps what it downloaded)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

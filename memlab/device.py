@@ -5,20 +5,56 @@ that every notebook prints in its setup cell, so a learner (and whoever reads
 their output) knows which numbers are live and which are a fallback.
 
 Importing this module touches no GPU: CUDA is queried only when a function is
-called.
+called. It also keeps two libraries' start-up chatter out of learners' outputs
+(`quiet_library_noise`, run once at import), without importing them.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import platform
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DeviceInfo", "pick_device", "describe", "on_colab"]
+__all__ = ["DeviceInfo", "pick_device", "describe", "on_colab", "quiet_library_noise"]
+
+# Messages that libraries print on import or first use and that say nothing to a learner, by the logger that
+# emits them. Only these exact messages are dropped: every other warning of these libraries still shows.
+NOISE = {
+    # deepspeed/accelerator/real_accelerator.py, get_accelerator(): on any machine without CUDA
+    "DeepSpeed": ("Setting accelerator to CPU",),
+    # bitsandbytes/cextension.py (releases before 0.46 log it on import on a machine without CUDA)
+    "bitsandbytes.cextension": ("compiled without GPU support",),
+}
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, needles: tuple[str, ...]):
+        super().__init__()
+        self.needles = needles
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not any(n in msg for n in self.needles)
+
+
+def quiet_library_noise() -> None:
+    """Drop the messages listed in `NOISE` (idempotent). It attaches filters to those libraries' loggers, which
+    `logging.getLogger` creates ahead of the libraries (they keep the filter when they configure the logger),
+    so nothing is imported; older bitsandbytes releases used `warnings.warn` for the same message."""
+    for name, needles in NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(needles))
+    warnings.filterwarnings("ignore", message=r"The installed version of bitsandbytes was compiled without GPU")
+
+
+quiet_library_noise()
 
 
 def on_colab() -> bool:

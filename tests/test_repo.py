@@ -1,5 +1,6 @@
-"""The repository's own promises: one README test command, and the conda
-environment lists exactly pyproject's dependencies."""
+"""The repository's own promises: one README test command; the conda environment
+lists exactly what course.py installs (pyproject's dependencies and its "all"
+extras); a non-editable install (Colab) carries every package."""
 
 from __future__ import annotations
 
@@ -20,17 +21,55 @@ def _names(reqs):
     return sorted(re.split(r"[<>=!~ \[]", r.strip(), maxsplit=1)[0].lower() for r in reqs)
 
 
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _expand(py, extra):
+    """The requirements of one extra, with self-references (gpu-memory-lab[a,b]) expanded."""
+    out = []
+    for req in py["optional-dependencies"][extra]:
+        m = re.fullmatch(r"\s*gpu-memory-lab\[([^\]]+)\]\s*", req)
+        out += [r for e in m.group(1).split(",") for r in _expand(py, e.strip())] if m else [req]
+    return out
+
+
 def test_environment_yml_matches_pyproject():
-    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    py = _pyproject()["project"]
     env = (ROOT / "environment.yml").read_text()
     deps = yaml.safe_load(env)["dependencies"]
     pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
     listed = [p for p in pip if not p.startswith("-")]        # "-e ." installs the course itself
-    assert _names(listed) == _names(py["dependencies"]), (
-        f"environment.yml pip packages {_names(listed)} differ from pyproject dependencies {_names(py['dependencies'])}")
+    want = py["dependencies"] + _expand(py, "all")
+    assert _names(listed) == _names(want), (
+        f"environment.yml pip packages {_names(listed)} differ from pyproject dependencies + extra 'all' {_names(want)}")
     gpu = py["optional-dependencies"]["gpu"]
     for pkg in gpu:
         assert f"# - {pkg}" in env, f"the GPU-only extra {pkg} should appear commented out in environment.yml"
+
+
+def test_extras_all_covers_every_extra_but_gpu_and_course_py_installs_it():
+    py = _pyproject()["project"]
+    extras = set(py["optional-dependencies"]) - {"all", "gpu"}
+    m = re.fullmatch(r"gpu-memory-lab\[([^\]]+)\]", py["optional-dependencies"]["all"][0])
+    assert m and set(m.group(1).split(",")) == extras, f"extra 'all' should name every extra but gpu: {sorted(extras)}"
+    course = (ROOT / "course.py").read_text()
+    assert re.search(r'^EXTRAS = "all"', course, re.M), "course.py should install the course with its 'all' extra"
+
+
+def test_base_dependencies_stay_light():
+    """The Colab setup cell installs the base package: no instructor or tool packages in it."""
+    base = _names(_pyproject()["project"]["dependencies"])
+    heavy = {"jupyterlab", "nbgrader", "nbclient", "pytest", "deepspeed", "bitsandbytes", "peft", "flash-attn"}
+    assert not heavy & set(base), f"move {sorted(heavy & set(base))} into an extra of pyproject.toml"
+
+
+def test_every_python_package_is_packaged():
+    """A non-editable install (pip install git+..., as on Colab) gets only the packages pyproject names."""
+    listed = set(_pyproject()["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("memlab", "autograder")
+             for p in (ROOT / top).rglob("__init__.py")}
+    assert found <= listed, f"pyproject.toml [tool.setuptools] packages lacks {sorted(found - listed)}"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -1,0 +1,261 @@
+"""The first hour: course.py's commands, hints, JupyterLab command line and server
+environment, the learner's working copy, the GPU recorder's refusal without CUDA,
+the loader of recorded GPU numbers, and library noise kept out of outputs.
+Nothing here creates a virtual environment or starts JupyterLab."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import course
+import memlab
+from memlab import recorded
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- commands
+def test_unknown_command_fails_with_a_message(capsys):
+    assert course.main(["strat"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'strat'" in err and "start" in err and "test" in err
+
+
+def test_unknown_command_exit_status_from_the_shell():
+    out = subprocess.run([sys.executable, str(ROOT / "course.py"), "bogus"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "unknown command 'bogus'" in out.stderr
+
+
+def test_help_documents_the_jupyterlab_options(capsys):
+    assert course.main(["help"]) == 0
+    doc = capsys.readouterr().out
+    for word in ("--no-browser", "--ip", "--port", "--allow-root", "my-work", "memlab-grade"):
+        assert word in doc, f"course.py help should mention {word}"
+    assert course.main([]) == 2                                    # no command: usage, non-zero
+
+
+def test_failures_become_one_line_hints(capsys, monkeypatch):
+    def broken():
+        raise course.CourseError(".venv has no pip: remove it (rm -rf .venv) and run the command again")
+    monkeypatch.setattr(course, "setup", broken)
+    assert course.main(["test"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("course.py: .venv has no pip")
+
+
+def test_venv_without_python_or_pip_gets_a_recreate_hint(tmp_path, monkeypatch):
+    venv_dir = tmp_path / ".venv"
+    venv_dir.mkdir()
+    monkeypatch.setattr(course, "VENV", venv_dir)
+    monkeypatch.setattr(course, "PY", venv_dir / "bin" / "python")
+    monkeypatch.setattr(course, "STAMP", venv_dir / ".course-installed")
+    with pytest.raises(course.CourseError, match=r"rm -rf \.venv"):
+        course.setup()                                             # .venv without a python
+    (venv_dir / "bin").mkdir()
+    (venv_dir / "bin" / "python").write_text("")
+    monkeypatch.setattr(course, "_has_pip", lambda: False)
+    with pytest.raises(course.CourseError, match=r"no pip.*rm -rf \.venv"):
+        course.setup()                                             # a python without pip
+
+
+def test_pip_failure_names_what_to_do(monkeypatch, capsys):
+    monkeypatch.setattr(course.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))
+    with pytest.raises(course.CourseError, match="internet connection"):
+        course._pip(["torch==0"], "pip could not install PyTorch: check the internet connection")
+
+
+# ----------------------------------------------------------------------------- JupyterLab
+def test_running_as_root_adds_allow_root(monkeypatch):
+    monkeypatch.setattr(course.os, "geteuid", lambda: 0, raising=False)
+    assert course.running_as_root()
+    monkeypatch.setattr(course.os, "geteuid", lambda: 1000, raising=False)
+    assert not course.running_as_root()
+    assert "--allow-root" in course.jupyter_command([], as_root=True)
+    assert "--allow-root" not in course.jupyter_command([], as_root=False)
+    assert course.jupyter_command(["--allow-root"], as_root=True).count("--allow-root") == 1
+
+
+def test_jupyter_command_opens_lesson_01_in_the_working_copy_and_passes_options_on():
+    opts = ["--no-browser", "--ip=0.0.0.0", "--port", "8888"]
+    cmd = course.jupyter_command(opts, as_root=False, environ={"SHELL": "/bin/bash"})
+    assert cmd[-4:] == opts
+    assert f"--ServerApp.root_dir={course.WORK}" in cmd
+    assert "--LabApp.default_url=/lab/tree/lessons/01_memory_anatomy.ipynb" in cmd
+    assert (ROOT / "lessons" / "01_memory_anatomy.ipynb").exists()
+    if os.name != "nt":   # a plain (not login) shell, so /etc/profile cannot reset PATH in the terminal
+        assert '--ServerApp.terminado_settings=shell_command=["/bin/bash"]' in cmd
+
+
+def test_server_path_starts_with_the_course_environment():
+    env = course.server_env({"PATH": os.pathsep.join(["/usr/bin", "/bin"]), "PYTHONHOME": "/elsewhere"})
+    parts = env["PATH"].split(os.pathsep)
+    assert parts[0] == str(course.BIN) and parts[1:] == ["/usr/bin", "/bin"]
+    assert env["VIRTUAL_ENV"] == str(course.VENV) and "PYTHONHOME" not in env
+    assert (course.BIN / "memlab-grade").name == "memlab-grade"  # the script pyproject installs there
+    assert 'memlab-grade = "autograder.grade:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+# ----------------------------------------------------------------------------- the working copy
+def _nb(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_sync_adds_new_files_and_never_overwrites_a_changed_one(tmp_path):
+    src, dest = tmp_path / "course", tmp_path / "my-work"
+    _nb(src / "lessons" / "01_a.ipynb", "course v1 of 01")
+    _nb(src / "lessons" / "02_b.ipynb", "course v1 of 02")
+    _nb(src / "exercises" / "01_x" / "01_x.ipynb", "exercise v1")
+    _nb(src / "lessons" / ".ipynb_checkpoints" / "01_a-checkpoint.ipynb", "autosave")
+    first = course.sync_work(src, dest)
+    assert sorted(first.added) == ["exercises/01_x/01_x.ipynb", "lessons/01_a.ipynb", "lessons/02_b.ipynb"]
+    assert not (dest / "lessons" / ".ipynb_checkpoints").exists()
+
+    (dest / "lessons" / "01_a.ipynb").write_text("my notes and outputs")           # the learner works
+    _nb(src / "lessons" / "01_a.ipynb", "course v2 of 01")                           # the course moves on
+    _nb(src / "lessons" / "02_b.ipynb", "course v2 of 02")                           # (02 untouched by learner)
+    _nb(src / "lessons" / "03_c.ipynb", "course v1 of 03")                           # a new lesson
+    second = course.sync_work(src, dest)
+    assert (dest / "lessons" / "01_a.ipynb").read_text() == "my notes and outputs"
+    assert second.kept == ["lessons/01_a.ipynb"]
+    assert second.updated == ["lessons/02_b.ipynb"] and (dest / "lessons" / "02_b.ipynb").read_text() == "course v2 of 02"
+    assert second.added == ["lessons/03_c.ipynb"] and (dest / "lessons" / "03_c.ipynb").read_text() == "course v1 of 03"
+    assert any("01_a.ipynb" in line and "kept" in line for line in second.lines(dest))
+
+    (dest / "lessons" / "01_a.ipynb").rename(dest / "lessons" / "01_a-mine.ipynb")  # how to get the new one
+    third = course.sync_work(src, dest)
+    assert third.added == ["lessons/01_a.ipynb"] and (dest / "lessons" / "01_a-mine.ipynb").exists()
+    assert course.sync_work(src, dest).lines(dest) == []                              # nothing new: silent
+
+
+def test_sync_checks_its_arguments():
+    with pytest.raises(TypeError, match="pathlib.Path"):
+        course.sync_work("lessons", Path("x"))
+
+
+def test_working_copy_of_the_course_grades_and_links(tmp_path):
+    from autograder import grade
+    work = tmp_path / "my-work"
+    report = course.sync_work(ROOT, work)
+    lessons = sorted(p.name for p in (ROOT / "lessons").glob("*.ipynb"))
+    assert lessons and all(f"lessons/{n}" in report.added for n in lessons)
+    exercises = sorted(work.glob("exercises/*/*.ipynb"))
+    assert exercises
+    for nb_path in exercises:             # `memlab-grade check my-work/exercises/...` finds it by its file name
+        assert grade._assignment_of(nb_path) == nb_path.parent.name
+    for nb_path in sorted(work.rglob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        assert "import memlab" in nb.cells[1].source       # the installed package, not a path into the repo
+        for cell in nb.cells:
+            if cell.cell_type != "markdown":
+                continue
+            for link in re.findall(r"\]\(([^)#\s]+\.(?:ipynb|md|py|png))\)", cell.source):
+                if "://" not in link:
+                    assert (nb_path.parent / link).exists(), f"{nb_path.relative_to(work)} links to {link}"
+
+
+# ----------------------------------------------------------------------------- recorded GPU numbers
+def test_record_gpu_refuses_without_cuda(tmp_path):
+    out = tmp_path / "rec"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "record_gpu.py"), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode != 0
+    assert "needs a CUDA GPU" in res.stderr and "nothing was written" in res.stderr
+    assert not out.exists()
+
+
+def _fake_meta(gpu="Tesla T4", date="2030-01-01 00:00 UTC"):
+    return {"gpu": gpu, "total_memory_bytes": 15 * 2**30, "compute_capability": "7.5", "driver": "999.1",
+            "cuda": "12.9", "torch": "9.9.9", "date": date, "command": "python benchmarks/record_gpu.py"}
+
+
+def test_no_recording_is_said_plainly(tmp_path):
+    assert recorded.load(directory=tmp_path) is None
+    assert recorded.load(directory=tmp_path / "missing") is None
+    assert recorded.show("fragmentation", directory=tmp_path) == recorded.NO_RECORDING
+    assert "record_gpu.py" in recorded.NO_RECORDING
+    assert "'A100'" in recorded.show(gpu="A100", directory=tmp_path)
+
+
+def test_recording_round_trip_is_labelled(tmp_path):
+    """A synthetic recording (test data only, never committed) written by the recorder's own writer."""
+    from benchmarks.record_gpu import write_recording
+    exps = {"fragmentation": {"steps": [{"what": "8 blocks of 5 MiB", "allocated_bytes": 40 * 2**20,
+                                         "reserved_bytes": 40 * 2**20}]},
+            "matmul": {"rows": [{"format": "fp16", "ms": 2.5, "tflops": 55.0}]}}
+    path = write_recording(_fake_meta(), exps, tmp_path)
+    assert path.name == "tesla-t4.json"
+    write_recording(_fake_meta("NVIDIA A100-SXM4-80GB", "2031-01-01 00:00 UTC"), exps, tmp_path)
+    rec = recorded.load(directory=tmp_path)
+    assert rec.gpu == "NVIDIA A100-SXM4-80GB"                       # the newest by default
+    rec = recorded.load("t4", directory=tmp_path)
+    assert rec.gpu == "Tesla T4" and rec.snapshot is None
+    text = recorded.show("fragmentation", gpu="T4", directory=tmp_path)
+    first = text.splitlines()[0]
+    for part in ("RECORDED on Tesla T4", "driver 999.1", "CUDA 12.9", "torch 9.9.9", "not measured on this machine"):
+        assert part in first
+    assert "40.00 MiB" in text and "8 blocks of 5 MiB" in text
+    with pytest.raises(ValueError, match="must be one of"):
+        rec.show("nonsense")
+
+
+def test_recorded_checks_its_inputs(tmp_path):
+    with pytest.raises(ValueError, match="gpu"):
+        recorded.load(gpu="")
+    with pytest.raises(TypeError, match="directory"):
+        recorded.load(directory="memlab/recordings")
+    with pytest.raises(ValueError, match="gpu_name"):
+        recorded.file_stem("  ")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json"):
+        recorded.load(directory=tmp_path)
+    (tmp_path / "broken.json").write_text(json.dumps({"schema": 1, "meta": {}, "experiments": {}}))
+    with pytest.raises(ValueError, match="missing"):
+        recorded.load(directory=tmp_path)
+
+
+def test_committed_recordings_load_and_are_labelled():
+    for path in recorded.available():      # none until a GPU run is committed
+        rec = recorded.Recording.from_file(path)
+        assert rec.show().startswith(f"RECORDED on {rec.gpu}")
+
+
+# ----------------------------------------------------------------------------- library noise
+def test_known_library_noise_is_dropped_and_other_warnings_kept():
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    for name in memlab.device.NOISE:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        try:
+            logger.warning(f"{memlab.device.NOISE[name][0]} (as the library says it)")
+            logger.warning("a warning that matters")
+        finally:
+            logger.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["a warning that matters"] * len(memlab.device.NOISE)
+
+
+@pytest.mark.slow
+def test_deepspeed_accelerator_message_is_gone_after_import_memlab():
+    pytest.importorskip("deepspeed")
+    code = ("{}from deepspeed.accelerator import get_accelerator; print(get_accelerator().device_name())")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    runs = {label: subprocess.run([sys.executable, "-c", code.format(pre)], capture_output=True, text=True,
+                                  env=env, timeout=300)
+            for label, pre in (("plain", ""), ("memlab", "import memlab; "))}
+    plain, quiet = (runs[k].stdout + runs[k].stderr for k in ("plain", "memlab"))
+    if "Setting accelerator to CPU" not in plain:
+        pytest.skip("this DeepSpeed release does not print the message")
+    assert "Setting accelerator to CPU" not in quiet and "cpu" in quiet
