@@ -12,10 +12,17 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 from .trusted import TEST_CELL, Exercise, Graded, cell_source, nbgrader_meta
+
+# nbgrader's Gradebook runs `alembic` by name: this interpreter's scripts folder must come first on PATH
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = os.pathsep.join([_BIN, os.environ.get("PATH", "")])
 
 HIDDEN = "# Hidden tests: new inputs are drawn on every run, and the grader checks your code against its own reference."
 

@@ -34,11 +34,12 @@ def graded(request):
         subs.mkdir()
         nbformat.write(submission(spec.ASSIGNMENT), subs / "reference.ipynb")
         nbformat.write(submission(spec.ASSIGNMENT, solve=False), subs / "untouched.ipynb")
-        for name, w in spec.WRONG.items():
+        for name, w in {**spec.WRONG, **getattr(spec, "RIGHT", {})}.items():
             nbformat.write(submission(spec.ASSIGNMENT, w["replace"]), subs / f"{name}.ipynb")
         course_dir = tmp / "course"
         course_dir.mkdir()
-        res = grade.grade_class(subs, spec.ASSIGNMENT, timeout=900, course=grade.temp_course(course_dir))
+        res = grade.grade_class(subs, spec.ASSIGNMENT, timeout=900, course=grade.temp_course(course_dir),
+                               jobs=2, log=lambda line: None)
         yield spec, res
 
 
@@ -75,6 +76,16 @@ def test_wrong_submissions_lose_their_points(graded):
             if got.get(gid, (None,))[0] != want[gid]:
                 problems.append(f"{name}: {gid} should keep {want[gid]} points, scored {got.get(gid)}")
     assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
+
+
+def test_correct_alternatives_score_full_marks(graded):
+    spec, res = graded
+    want = graded_cells(spec.ASSIGNMENT)
+    problems = {name: {g: res.graded.get(name, {}).get(g) for g, pts in want.items()
+                       if res.graded.get(name, {}).get(g, (0, 0))[0] != pts}
+                for name in getattr(spec, "RIGHT", {})}
+    problems = {k: v for k, v in problems.items() if v}
+    assert not problems, f"{spec.ASSIGNMENT}: correct alternatives lost points: {problems}"
 
 
 def test_specs_name_real_cells():
