@@ -284,10 +284,9 @@ def sdpa_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **sdpa_kwar
                 with sdpa_kernel(b), torch.no_grad():
                     F.scaled_dot_product_attention(q, k, v, **sdpa_kwargs)
                 out[b.name.lower()] = "runs"
-            except RuntimeError as e:
-                why = [str(w.message).split("\n")[0] for w in caught if "kernel not used" in str(w.message)
-                       or "because" in str(w.message)]
-                out[b.name.lower()] = "; ".join(why) or str(e).split("\n")[0]
+            except RuntimeError as e:   # on CUDA PyTorch warns why each kernel was refused, one warning per reason
+                why = dict.fromkeys(str(w.message).split("(Triggered internally")[0].strip() for w in caught)
+                out[b.name.lower()] = "; ".join(w for w in why if w) or str(e).split("\n")[0]
     return out
 
 
