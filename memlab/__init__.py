@@ -8,9 +8,12 @@ from .virtual_gpu import PRESETS, VirtualGPU, VirtualRun
 from .models import MLP, GPT, GPTConfig, train_step
 from . import estimate, plot  # noqa: E402  (memlab.estimate.*, memlab.plot.*)
 from . import recorded  # noqa: E402  (memlab.recorded.load/show: numbers recorded on a real GPU)
+from . import attention  # noqa: E402  (memlab.attention.*: lesson 05)
+from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_backend, flash_attn_status
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
+__all__ += ["naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status"]
 __version__ = "0.1.0"
 
 # The one place the course's GitHub repository is named: Colab badges and the
