@@ -14,6 +14,8 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import memlab
+
 from .common import Task, allclose, expect_type, tasks
 
 SOFTMAX_LIKE = {"softmax", "log_softmax", "logsumexp", "_softmax", "_log_softmax", "scaled_dot_product_attention",
@@ -21,15 +23,8 @@ SOFTMAX_LIKE = {"softmax", "log_softmax", "logsumexp", "_softmax", "_log_softmax
 
 
 def naive_attention(q, k, v, is_causal=False):
-    """softmax(q k^T / sqrt(d)) v with the full (..., T_q, T_k) score matrix, and its logsumexp (..., T_q).
-    Causal: query i sees keys j <= i (T_q == T_k)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = torch.einsum("...qd,...kd->...qk", q, k) * scale               # (..., T_q, T_k)
-    if is_causal:
-        tq, tk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool).triu(1), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                     # (..., T_q)
-    return torch.einsum("...qk,...kd->...qd", torch.exp(s - lse[..., None]), v), lse
+    """The reference: memlab's einsum attention with the whole (..., T_q, T_k) matrix; (out, lse (..., T_q))."""
+    return memlab.naive_attention(q, k, v, is_causal=is_causal, return_lse=True)
 
 
 class LargestOutput(TorchDispatchMode):
