@@ -94,8 +94,9 @@ GPU_SPECS: dict[str, GPUDataSheet] = {
         bf16_tensor=312 * TFLOPS,
         sms=108, smem_per_sm=164 * KiB, l1_smem_per_sm=192 * KiB, registers_per_sm=_REGS, l2_bytes=40 * MiB,
         pcie="Gen4 x16", pcie_bandwidth=64 * GBps, nvlink_bandwidth=600 * GBps,
-        sources="NVIDIA A100 datasheet: as the 40GB part, with 80GB SXM 2,039 GB/s (the 80GB PCIe card: "
-                "1,935 GB/s); A100 architecture whitepaper as above."),
+        sources="NVIDIA A100 datasheet: 19.5 TFLOPS FP32, TF32 156 / FP16 and BF16 312 TFLOPS (312 / 624 with "
+                "sparsity), 80GB SXM 2,039 GB/s (80GB PCIe: 1,935 GB/s), NVLink 600 GB/s, PCIe Gen4 64 GB/s; "
+                "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs, 40 MB L2, 192 KB L1/shared per SM."),
     # NVIDIA H100 Tensor Core GPU datasheet, SXM column (tensor figures printed with sparsity: halved);
     # NVIDIA H100 Tensor Core GPU architecture whitepaper
     "H100-80GB": GPUDataSheet(
