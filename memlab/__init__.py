@@ -14,6 +14,13 @@ from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_ba
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
 __all__ += ["naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status"]
+from .hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
+from .timing import copy_bandwidth, time_fn
+from . import hierarchy, timing  # noqa: E402  (memlab.hierarchy.*, memlab.timing.*)
+
+__all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
+           "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
+__all__ += ["GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn"]
 __version__ = "0.1.0"
 
 # The one place the course's GitHub repository is named: Colab badges and the
