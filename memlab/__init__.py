@@ -6,21 +6,17 @@ from .device import DeviceInfo, describe, on_colab, pick_device
 from .track import CATEGORIES, MemoryTracker, format_bytes, phase, watch
 from .virtual_gpu import PRESETS, VirtualGPU, VirtualRun
 from .models import MLP, GPT, GPTConfig, train_step
-from . import estimate, plot  # noqa: E402  (memlab.estimate.*, memlab.plot.*)
-from . import recorded  # noqa: E402  (memlab.recorded.load/show: numbers recorded on a real GPU)
-from . import attention  # noqa: E402  (memlab.attention.*: lesson 05)
 from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_backend, flash_attn_status
-
-__all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
-           "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
-__all__ += ["naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status"]
 from .hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .timing import copy_bandwidth, time_fn
-from . import hierarchy, timing  # noqa: E402  (memlab.hierarchy.*, memlab.timing.*)
+# submodules by lesson: estimate and plot (all), recorded (numbers recorded on a real GPU),
+# hierarchy and timing (00), attention (05)
+from . import estimate, plot, recorded, hierarchy, timing, attention  # noqa: E402
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
-           "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
-__all__ += ["GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn"]
+           "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
+           "naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status",
+           "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn"]
 __version__ = "0.1.0"
 
 # The one place the course's GitHub repository is named: Colab badges and the
