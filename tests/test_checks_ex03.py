@@ -1,10 +1,11 @@
-"""Exercise 03's checks, called directly (no nbgrader): the reference solution
-passes every check, and every plausible-wrong submission fails the checks of
-its task with an AssertionError (a teaching message, not a crash)."""
+"""Exercise 03's checks in-process (check(), no sandbox): the reference solution passes every task, each
+plausible-wrong submission fails the cells it must lose with a teaching message, correct alternatives pass,
+and the hidden cases exercise every branch of the spec in every draw."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import nbformat
 import pytest
@@ -15,12 +16,13 @@ import torch.nn.functional as F
 import memlab
 from _nb import ROOT, grade_id, is_solution, solved_code
 from autograder.checks import ex03
+from autograder.checks.common import check
+from autograder.checks.ex03_cases import amp_cases, scaler_cases
+from autograder.checks.ex03_ref import drive_scaler, reference_amp
 from submissions import ex03 as wrong
 
 NAMES = {"task3_1_loss_scaler": "DynamicLossScaler", "task3_2_amp_step": "amp_step",
          "task3_3_dtype_report": "dtype_report"}
-CHECKS = {"task3_1_loss_scaler": ex03.check_task3_1, "task3_2_amp_step": ex03.check_task3_2,
-          "task3_3_dtype_report": ex03.check_task3_3}
 
 
 def _define(code: str, name: str):
@@ -37,45 +39,64 @@ def _solution_cells() -> dict[str, str]:
 REFERENCE = _solution_cells()
 
 
-def test_solution_has_one_cell_per_task():
-    assert set(REFERENCE) == set(NAMES)
+def test_every_task_has_a_check():
+    assert set(REFERENCE) == set(NAMES) == set(ex03.TASKS)
 
 
 @pytest.mark.parametrize("task", sorted(NAMES))
 @pytest.mark.parametrize("hidden", [False, True])
 def test_reference_passes(task, hidden):
-    CHECKS[task](_define(REFERENCE[task], NAMES[task]), hidden=hidden)
+    assert check(ex03.TASKS[task], hidden=hidden, **{NAMES[task]: _define(REFERENCE[task], NAMES[task])})
 
 
-WRONG_CASES = [(name, task, code) for name, spec in wrong.WRONG.items() for task, code in spec["replace"].items()]
+CELLS = [(name, gid, gid in spec.get("must_keep", []), spec["replace"].get(gid.rsplit("_", 1)[0]))
+         for name, spec in wrong.WRONG.items() for gid in spec["must_lose"] + spec.get("must_keep", [])]
+CELLS = [c for c in CELLS if c[3] is not None]        # cells of the tasks a spec replaces
 
 
-@pytest.mark.parametrize("name,task,code", WRONG_CASES, ids=[c[0] for c in WRONG_CASES])
-def test_wrong_submission_fails_its_checks(name, task, code):
+@pytest.mark.slow
+@pytest.mark.parametrize("name,gid,keeps,code", CELLS, ids=[f"{c[0]}-{c[1]}" for c in CELLS])
+def test_wrong_and_alternative_submissions(name, gid, keeps, code):
+    task, kind = gid.rsplit("_", 1)
     fn = _define(code, NAMES[task])
-    for hidden in (False, True):
-        with pytest.raises(AssertionError) as info:
-            CHECKS[task](fn, hidden=hidden)
-        assert len(str(info.value)) > 40, f"{name}: the failure message should teach, got {info.value!r}"
+    if keeps:
+        check(ex03.TASKS[task], hidden=kind == "hidden", **{NAMES[task]: fn})
+        return
+    with pytest.raises(AssertionError) as info:
+        check(ex03.TASKS[task], hidden=kind == "hidden", **{NAMES[task]: fn})
+    assert len(str(info.value)) > 40, f"{name}: the failure message should teach, got {info.value!r}"
 
 
-def test_grad_scaler_works_on_cpu():
-    # the checks compare with torch.amp.GradScaler("cpu"): it must exist and skip + back off on inf
-    s = torch.amp.GradScaler("cpu", init_scale=4.0)
-    p = nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([p], lr=1.0)
-    s.scale((p * 2).sum()).backward()
-    p.grad[0] = float("inf")
-    s.step(opt)
-    s.update()
-    assert torch.equal(p.detach(), torch.ones(2)) and s.get_scale() == 2.0
+def _gradscaler(plan):
+    return torch.amp.GradScaler("cpu", **{k: plan[k] for k in ("init_scale", "growth_factor", "backoff_factor",
+                                                                 "growth_interval")})
 
 
-def test_tracker_totals_match_hooks_reference():
-    # the dtype split (saved-tensor hooks) and the totals (memlab's tracker) describe the same bytes
-    for dt in (None, torch.float16, torch.bfloat16):
-        for kind in ("mlp", "gpt"):
-            case = ex03.ReportCase(seed=5, kind=kind, batch=3, dtype=dt)
-            totals = ex03.tracker_totals(*case.build(), dtype=dt)
-            split = ex03.reference_dtype_report(*case.build(), dtype=dt)
-            assert {k: sum(v.values()) for k, v in split.items()} == totals, (kind, dt)
+@pytest.mark.slow
+def test_hidden_scaler_plans_cover_every_branch():
+    # in every draw: growth, backoff after an injected NaN that follows growth_interval - 1 clean steps,
+    # growth twice in a row, a skipped first step, inf / -inf / NaN, explicit unscale_ on a clean and a skipped step
+    for seed in range(4):
+        grow, first = [p for p in scaler_cases(True, random.Random(seed)) if p["kind"] == "plan"]
+        assert {v for p in (grow, first) for _, v, _, _ in p["inject"]} == {"inf", "-inf", "nan"}
+        steps = drive_scaler(_gradscaler(grow), grow)["steps"]
+        g = grow["growth_interval"]
+        ran = [s["ran"] for s in steps]
+        assert ran[:g - 1] == [True] * (g - 1) and not ran[g - 1], "the NaN after g - 1 clean steps must skip"
+        assert sum(s["after"] > s["used"] for s in steps) >= 3
+        assert any(s["explicit"] is not None and s["ran"] for s in steps)
+        assert any(s["explicit"] is not None and not s["ran"] for s in steps)
+        steps = drive_scaler(_gradscaler(first), first)["steps"]
+        assert not steps[0]["ran"] and any(s["ran"] for s in steps)
+
+
+@pytest.mark.slow
+def test_hidden_amp_cases_overflow_and_clip():
+    for seed in range(3):
+        cases = amp_cases(True, random.Random(seed))
+        assert {c["dtype"] for c in cases} == {"float16", "bfloat16"} and min(c["micro"] for c in cases) == 1
+        assert any(c["max_norm"] is None for c in cases) and any(c["max_norm"] for c in cases)
+        clip_overflow = [c for c in cases if c["init_scale"] >= 2 ** 20]
+        ref = reference_amp(clip_overflow[0])
+        assert ref["scales"][0] < ref["used"][0], "the first step must overflow and be skipped"
+        assert ref["delta"].norm() > 0

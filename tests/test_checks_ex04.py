@@ -1,28 +1,23 @@
-"""Fast tests of exercise 04's checks (autograder/checks/ex04.py), without nbgrader:
-the source notebook's solutions pass every check, each plausible-wrong submission
-of tests/submissions/ex04.py fails the checks of the cells it must lose, and the
-clinic's patients shown in the notebook are the grader's reference scripts."""
+"""Exercise 04's checks in-process (check(), no sandbox): the source notebook's solutions pass every task,
+each plausible-wrong submission of tests/submissions/ex04.py fails the cells it must lose, correct
+alternatives keep theirs, the clinic's patients shown in the notebook are the grader's reference scripts,
+and the hidden cases of tasks 4.5 and 4.6 cover every branch in every draw."""
 
 from __future__ import annotations
 
 import inspect
+import random
 
 import nbformat
 import pytest
 
 from _nb import ROOT, grade_id, is_solution, solved_code
 from autograder.checks import ex04
+from autograder.checks.common import check
+from autograder.checks.ex04_tools import leak_cases, max_batch_cases, reference_max_batch
 from submissions import ex04 as wrong
 
 SOURCE = ROOT / "solutions" / "04_oom_clinic" / "04_oom_clinic.ipynb"
-CHECKS = {  # task id -> (function the learner writes, its check)
-    "task4_1_big_batch": ("train_big_batch_fixed", ex04.check_task4_1),
-    "task4_2_eval_no_grad": ("evaluate_fixed", ex04.check_task4_2),
-    "task4_3_accumulated_loss": ("train_accumulated_fixed", ex04.check_task4_3),
-    "task4_4_optimizer_step": ("train_1b3_fixed", ex04.check_task4_4),
-    "task4_5_find_max_batch_size": ("find_max_batch_size", ex04.check_task4_5),
-    "task4_6_leak_detector": ("detect_leak", ex04.check_task4_6),
-}
 
 
 def _notebook():
@@ -34,8 +29,7 @@ def _namespace(replace: dict[str, str] | None = None) -> dict:
     cells in `replace` swapped for other code)."""
     replace = replace or {}
     ns: dict = {}
-    nb = _notebook()
-    for cell in nb.cells:
+    for cell in _notebook().cells:
         gid = grade_id(cell)
         if gid == "setup":
             exec(compile(cell.source, "setup", "exec"), ns)
@@ -44,9 +38,14 @@ def _namespace(replace: dict[str, str] | None = None) -> dict:
     return ns
 
 
+def _check(task_id, ns, hidden):
+    task = ex04.TASKS[task_id]
+    return check(task, hidden=hidden, **{n: ns[n] for n in task.names})
+
+
 def test_every_task_has_a_check():
     ids = {grade_id(c) for c in _notebook().cells if is_solution(c)}
-    assert ids == set(CHECKS)
+    assert ids == set(ex04.TASKS)
 
 
 def test_patients_are_the_graders_references():
@@ -57,26 +56,57 @@ def test_patients_are_the_graders_references():
         assert inspect.getsource(fn).strip() in cells[f"{gid}_patient"], f"{gid}: the notebook shows another script"
 
 
-def test_reference_solutions_pass():
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", sorted(ex04.TASKS))
+def test_reference_solutions_pass(task_id):
     ns = _namespace()
-    for gid, (name, check) in CHECKS.items():
-        check(ns[name], hidden=True)
+    for hidden in (False, True):
+        assert _check(task_id, ns, hidden)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(wrong.WRONG))
-def test_wrong_submission_fails(name):
+def test_wrong_submission_fails_and_alternatives_pass(name):
     spec = wrong.WRONG[name]
     ns = _namespace(spec["replace"])
-    tasks = {gid.rsplit("_", 1)[0] for gid in spec["must_lose"]}
-    for task in tasks:                # the hidden check (nbgrader's harness also runs the visible one)
-        fn, check = CHECKS[task]
-        with pytest.raises(AssertionError):
-            check(ns[fn], hidden=True)
+    replaced = set(spec["replace"])
+    for gid in spec["must_lose"]:
+        task, kind = gid.rsplit("_", 1)
+        with pytest.raises(AssertionError) as info:
+            _check(task, ns, kind == "hidden")
+        assert len(str(info.value)) > 40, f"{name}: the failure message should teach, got {info.value!r}"
+    for gid in spec.get("must_keep", []):
+        task, kind = gid.rsplit("_", 1)
+        if task in replaced:
+            _check(task, ns, kind == "hidden")
 
 
-def test_originals_fail_their_checks():
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id,original", [("task4_1_big_batch", ex04.train_big_batch),
+                                              ("task4_2_eval_no_grad", ex04.evaluate),
+                                              ("task4_3_accumulated_loss", ex04.train_accumulated),
+                                              ("task4_4_optimizer_step", ex04.train_1b3)])
+def test_originals_fail_their_checks(task_id, original):
     """Each patient as it came in runs out of memory at full size: handing it back unchanged earns nothing."""
-    for check, original in [(ex04.check_task4_1, ex04.train_big_batch), (ex04.check_task4_2, ex04.evaluate),
-                            (ex04.check_task4_3, ex04.train_accumulated), (ex04.check_task4_4, ex04.train_1b3)]:
-        with pytest.raises(AssertionError, match="still runs out of memory"):
-            check(original, hidden=False)
+    with pytest.raises(AssertionError, match="still runs out of memory"):
+        _check(task_id, {ex04.TASKS[task_id].names[0]: original}, False)
+
+
+def test_max_batch_cases_cover_every_branch():
+    for seed in range(5):
+        cases = max_batch_cases(True, random.Random(seed))
+        answers = [reference_max_batch(c) for c in cases]
+        limits = [c["limit"] for c in cases]
+        assert 0 in answers and 1 in answers
+        assert any(a == lim and lim & (lim - 1) for a, lim in zip(answers, limits)), "limit not a power of two"
+        assert any(a == lim - 1 for a, lim in zip(answers, limits))
+        assert any(a & (a - 1) == 0 and a > 2 for a in answers)
+        assert any(a > 2 and (a + 1) & a == 0 for a in answers) and any(a > 2 and (a - 1) & (a - 2) == 0
+                                                                        for a in answers)
+
+
+def test_leak_cases_cover_every_leak_and_trap():
+    for seed in range(5):
+        cases = leak_cases(True, random.Random(seed))
+        assert {c["kind"] for c in cases} == {"outputs", "grads", "inputs", "eval", "hook", "none_adam", "none_sgd"}
+        assert min(c["n_steps"] for c in cases) == 3

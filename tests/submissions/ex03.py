@@ -29,7 +29,7 @@ class DynamicLossScaler:
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(inv)
-                        found = found or not bool(torch.isfinite(p.grad).all())
+                        {CHECK}
         self._found_inf = found
         self._unscaled = True
 
@@ -39,8 +39,7 @@ class DynamicLossScaler:
 
     def update(self):
         if self._found_inf:
-            self._scale *= self.backoff_factor
-            self._clean_steps = 0
+            {BACKOFF}
         else:
             self._clean_steps += 1
             {GROW}
@@ -51,14 +50,17 @@ _GUARD = '''if self._unscaled:
             raise RuntimeError("unscale_() has already been called since the last update()")'''
 _UNSCALE_ONCE = "if not self._unscaled:\n            self.unscale_(optimizer)"
 _STEP_IF_FINITE = "return None if self._found_inf else optimizer.step()"
+_CHECK = "found = found or not bool(torch.isfinite(p.grad).all())"
+_BACKOFF = "self._scale *= self.backoff_factor\n            self._clean_steps = 0"
 _GROWS = '''if self._clean_steps == self.growth_interval:
                 self._scale *= self.growth_factor
                 self._clean_steps = 0'''
 
 
-def _scaler(guard=_GUARD, unscale=_UNSCALE_ONCE, skip=_STEP_IF_FINITE, grow=_GROWS):
+def _scaler(guard=_GUARD, unscale=_UNSCALE_ONCE, skip=_STEP_IF_FINITE, grow=_GROWS, check=_CHECK,
+            backoff=_BACKOFF):
     return (_SCALER.replace("{GUARD}", guard).replace("{UNSCALE}", unscale).replace("{SKIP}", skip)
-            .replace("{GROW}", grow))
+            .replace("{GROW}", grow).replace("{CHECK}", check).replace("{BACKOFF}", backoff))
 
 
 # steps even when the gradients hold inf/NaN (the scale still backs off)
@@ -67,6 +69,19 @@ _NO_SKIP = _scaler(skip="optimizer.step()")
 _NEVER_GROWS = _scaler(grow="pass")
 # step() always unscales, even after an explicit unscale_() (and unscale_ has no guard)
 _UNSCALES_TWICE = _scaler(guard="pass", unscale="self.unscale_(optimizer)")
+# torch.isinf finds inf and -inf but not NaN: a NaN gradient goes into the weights
+_ISINF_MISSES_NAN = _scaler(check="found = found or bool(torch.isinf(p.grad).any())")
+# the flag is overwritten by each parameter: only the last parameter's gradient decides
+_ONLY_LAST_PARAM = _scaler(check="found = not bool(torch.isfinite(p.grad).all())")
+# backs off but keeps counting clean steps across the overflow: grows too early after it
+_COUNT_NOT_RESET = _scaler(backoff="self._scale *= self.backoff_factor")
+# grows by a hard-coded 2 instead of growth_factor
+_GROWS_BY_TWO = _scaler(grow=_GROWS.replace("self.growth_factor", "2.0"))
+# correct, written differently: one isfinite over all gradients at once, count compared with >=
+_SCALER_ALT = _scaler(check="pass", grow=_GROWS.replace("==", ">=")).replace(
+    "        self._found_inf = found\n",
+    "        grads = [p.grad.flatten() for g in optimizer.param_groups for p in g['params'] if p.grad is not None]\n"
+    "        self._found_inf = not bool(torch.isfinite(torch.cat(grads)).all())\n")
 
 _AMP = '''
 def amp_step(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, max_norm=None):
@@ -99,6 +114,18 @@ _CLIP_BEFORE_UNSCALE = _amp(clip="torch.nn.utils.clip_grad_norm_(model.parameter
 # "fewer bits" taken literally: the parameters themselves become 16-bit
 _PARAMS_TO_16BIT = _amp(cast="model.to(dtype)",
                         forward='loss = model(x.to(dtype) if x.is_floating_point() else x, y) / k')
+# steps the optimizer itself when clipping: a step with inf/NaN gradients is no longer skipped
+_CLIP_THEN_OPTIMIZER_STEP = _AMP.replace('''    scaler.step(optimizer)
+    scaler.update()''', '''    else:
+        scaler.step(optimizer)
+    scaler.update()''').replace("{CAST}", "pass").replace("{FORWARD}", _AUTOCAST_FORWARD).replace(
+    "{CLIP}", _UNSCALE_THEN_CLIP + "\n        optimizer.step()")
+# correct, written differently: always unscale_ before the step (clip only with max_norm)
+_ALWAYS_UNSCALE = _AMP.replace('''    if max_norm is not None:
+        {CLIP}''', '''    scaler.unscale_(optimizer)
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)''').replace("{CAST}", "pass").replace(
+    "{FORWARD}", _AUTOCAST_FORWARD)
 # sums the micro-batch losses instead of averaging them
 _NO_MEAN = _amp(forward='''with torch.autocast(x.device.type, dtype=dtype):
             loss = model(x, y)''')
@@ -139,6 +166,18 @@ _PARAMS_AS_ACTIVATIONS = _REPORT.replace("{PACK}", '''if st._cdata not in inputs
 _NO_DEDUP = _REPORT.replace("{PACK}", '''if st._cdata not in params and st._cdata not in inputs:
             add("activations", t, t.nbytes)''')
 
+# counts only Adam's state (exp_avg, exp_avg_sq, step): SGD's momentum buffer is missed
+_ADAM_KEYS_ONLY = _REPORT.replace("{PACK}", '''if st._cdata not in params and st._cdata not in inputs and st._cdata not in seen:
+            seen.add(st._cdata)
+            add("activations", t, st.nbytes())''').replace(
+    "for v in s.values():", "for v in [s[k] for k in (\"exp_avg\", \"exp_avg_sq\", \"step\") if k in s]:")
+# correct, written differently: storages told apart by data_ptr(), not _cdata
+_REPORT_ALT = _REPORT.replace("{PACK}", '''key = st.data_ptr()
+        if key not in {q.untyped_storage().data_ptr() for q in model.parameters()} and \\
+                key not in (x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()) and key not in seen:
+            seen.add(key)
+            add("activations", t, st.nbytes())''')
+
 _SCALER_LOSES = ["task3_1_loss_scaler_visible", "task3_1_loss_scaler_hidden"]
 _AMP_LOSES = ["task3_2_amp_step_visible", "task3_2_amp_step_hidden"]
 _REPORT_LOSES = ["task3_3_dtype_report_visible", "task3_3_dtype_report_hidden"]
@@ -153,6 +192,36 @@ WRONG = {
     "unscales_twice": {"replace": {"task3_1_loss_scaler": _UNSCALES_TWICE},
                        "must_lose": _SCALER_LOSES,
                        "must_keep": ["task3_3_dtype_report_hidden"]},
+    "isinf_misses_nan": {"replace": {"task3_1_loss_scaler": _ISINF_MISSES_NAN},
+                         "must_lose": ["task3_1_loss_scaler_hidden"],
+                         "must_keep": ["task3_2_amp_step_hidden"]},
+    "found_inf_overwritten_by_each_parameter": {"replace": {"task3_1_loss_scaler": _ONLY_LAST_PARAM},
+                                                "must_lose": ["task3_1_loss_scaler_hidden"],
+                                                "must_keep": ["task3_3_dtype_report_hidden"]},
+    "clean_count_not_reset_on_overflow": {"replace": {"task3_1_loss_scaler": _COUNT_NOT_RESET},
+                                          "must_lose": ["task3_1_loss_scaler_hidden"],
+                                          "must_keep": ["task3_2_amp_step_hidden"]},
+    "grows_by_two_not_growth_factor": {"replace": {"task3_1_loss_scaler": _GROWS_BY_TWO},
+                                       "must_lose": ["task3_1_loss_scaler_hidden"],
+                                       "must_keep": ["task3_3_dtype_report_hidden"]},
+    # correct alternatives must keep their points; each is paired with a mistake in another task, which loses
+    "scaler_written_differently": {"replace": {"task3_1_loss_scaler": _SCALER_ALT, "task3_3_dtype_report": _NO_DEDUP},
+                                   "must_lose": _REPORT_LOSES,
+                                   "must_keep": _SCALER_LOSES},
+    "clip_then_optimizer_step_directly": {"replace": {"task3_2_amp_step": _CLIP_THEN_OPTIMIZER_STEP},
+                                          "must_lose": ["task3_2_amp_step_hidden"],
+                                          "must_keep": ["task3_1_loss_scaler_hidden"]},
+    "always_unscale_before_step": {"replace": {"task3_2_amp_step": _ALWAYS_UNSCALE,
+                                               "task3_1_loss_scaler": _NEVER_GROWS},
+                                   "must_lose": _SCALER_LOSES,
+                                   "must_keep": _AMP_LOSES},
+    "optimizer_state_adam_keys_only": {"replace": {"task3_3_dtype_report": _ADAM_KEYS_ONLY},
+                                       "must_lose": ["task3_3_dtype_report_hidden"],
+                                       "must_keep": ["task3_3_dtype_report_visible", "task3_2_amp_step_hidden"]},
+    "report_keyed_by_data_ptr": {"replace": {"task3_3_dtype_report": _REPORT_ALT,
+                                             "task3_2_amp_step": _CLIP_BEFORE_UNSCALE},
+                                 "must_lose": _AMP_LOSES,
+                                 "must_keep": _REPORT_LOSES},
     "clip_before_unscale": {"replace": {"task3_2_amp_step": _CLIP_BEFORE_UNSCALE},
                             "must_lose": _AMP_LOSES,
                             "must_keep": ["task3_1_loss_scaler_hidden", "task3_3_dtype_report_hidden"]},

@@ -207,3 +207,87 @@ WRONG = {
         "must_lose": ["task4_6_leak_detector_visible", "task4_6_leak_detector_hidden"],
         "must_keep": ["task4_1_big_batch_hidden", "task4_5_find_max_batch_size_hidden"]},
 }
+
+# doubling stops past a limit that is not a power of two and returns the last power of two that fit
+_DOUBLING_IGNORES_LIMIT = '''
+def find_max_batch_size(step_fn, gpu, limit=4096):
+    def fits(batch):
+        return gpu.fits(step_fn, batch)
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, 2 * hi
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+'''
+
+# looks for growth in the activations only: kept gradients or kept input batches go unnoticed
+_LEAK_ACTIVATIONS_ONLY = '''
+def detect_leak(step_fn, model, optimizer, n_steps=5):
+    tracker = memlab.MemoryTracker(model, optimizer)
+    after = []
+    with tracker:
+        for _ in range(n_steps):
+            step_fn()
+            after.append(tracker.breakdown()["activations"])
+    if all(b > a for a, b in zip(after[1:], after[2:])):
+        return ("activations", (after[-1] - after[0]) // (n_steps - 1))
+    return None
+'''
+
+# correct, written differently: 8 micro-batches of 2 sequences
+_EIGHT_MICRO_BATCHES = '''
+def train_big_batch_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)
+    for i in range(0, 16, 2):
+        with memlab.phase("forward"):
+            loss = model(x[i:i + 2], y[i:i + 2]) / 8
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+# correct, written differently: torch.inference_mode instead of no_grad
+_INFERENCE_MODE = '''
+def evaluate_fixed(size="full", data=None):
+    model = build_gpt("gpt2-medium", size)
+    memlab.watch(model)
+    model.eval()
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 48)
+    with torch.inference_mode():
+        losses = [model(x[i:i + 16], y[i:i + 16]) for i in range(0, 48, 16)]
+    return torch.stack(losses)
+'''
+
+WRONG.update({
+    "doubling_ignores_a_limit_that_is_not_a_power_of_two": {
+        "replace": {"task4_5_find_max_batch_size": _DOUBLING_IGNORES_LIMIT},
+        "must_lose": ["task4_5_find_max_batch_size_hidden"],
+        "must_keep": ["task4_6_leak_detector_hidden"]},
+    "leak_looked_for_in_activations_only": {
+        "replace": {"task4_6_leak_detector": _LEAK_ACTIVATIONS_ONLY},
+        "must_lose": ["task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_5_find_max_batch_size_hidden"]},
+    # correct alternatives keep their points; each is paired with a mistake in another task, which loses
+    "eight_micro_batches_and_inference_mode": {
+        "replace": {"task4_1_big_batch": _EIGHT_MICRO_BATCHES, "task4_2_eval_no_grad": _INFERENCE_MODE,
+                    "task4_6_leak_detector": _LEAK_FROM_BEFORE_FIRST_STEP},
+        "must_lose": ["task4_6_leak_detector_visible", "task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_1_big_batch_visible", "task4_1_big_batch_hidden", "task4_2_eval_no_grad_visible",
+                      "task4_2_eval_no_grad_hidden"]},
+})

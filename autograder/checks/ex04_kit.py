@@ -1,0 +1,257 @@
+"""Exercise 04's clinic kit: the models, the data, the four patients as they came in, and the recorder
+that watches what a script does.
+
+The exercise notebook imports `build_gpt` and `random_tokens` (through checks/ex04.py), so the
+learner's scripts and the grader build exactly the same models. Each original script runs out of memory
+at full size on a named virtual GPU; at "tiny" size the same code runs on real CPU tensors. The
+originals are the grader's reference for the maths of each fix (they are the patients, not solutions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.optim.optimizer as _optimizer_module
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+import memlab
+from memlab.models import GPT, GPTConfig
+from memlab.track import active_trackers
+
+__all__ = ["MODELS", "SEQ_LEN", "HEADROOM", "CASES", "Case", "build_gpt", "random_tokens", "run_full_size",
+           "train_big_batch", "evaluate", "train_accumulated", "train_1b3"]
+
+# ----------------------------------------------------------------------------- the clinic kit
+_TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=32)
+MODELS = {   # name -> {"full": real shapes, "tiny": a stand-in that runs on a CPU in milliseconds}
+    "gpt2-small": {"full": GPTConfig.gpt2_small(), "tiny": GPTConfig.tiny(**_TINY)},
+    "gpt2-medium": {"full": GPTConfig.gpt2_medium(), "tiny": GPTConfig.tiny(**_TINY)},
+    "gpt-1.3b": {"full": GPTConfig(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=2048),
+                 "tiny": GPTConfig.tiny(n_layer=2, n_head=4, n_embd=64, vocab_size=64, block_size=32)},
+}
+SEQ_LEN = {"full": 1024, "tiny": 16}     # tokens per sequence
+HEADROOM = 512 * 2**20                   # left free for the CUDA context and allocator rounding (not modelled)
+
+
+def _check_size(size) -> str:
+    if size not in SEQ_LEN:
+        raise ValueError(f"size must be 'full' or 'tiny', got {size!r}")
+    return size
+
+
+def build_gpt(name: str, size: str) -> GPT:
+    """The model a clinic script trains: real shapes at size="full" (build it inside a virtual GPU run: fake
+    tensors), a tiny stand-in at size="tiny". Its initial weights come from torch's global random generator."""
+    if name not in MODELS:
+        raise ValueError(f"name must be one of {sorted(MODELS)}, got {name!r}")
+    return GPT(MODELS[name][_check_size(size)])
+
+
+def random_tokens(name: str, size: str, n: int, generator: torch.Generator | None = None):
+    """(x, y): n random sequences of token ids and next-token targets, each of shape (n, SEQ_LEN[size])."""
+    cfg = MODELS[name][_check_size(size)]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    shape = (n, SEQ_LEN[size])
+    x = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    y = torch.randint(0, cfg.vocab_size, shape, generator=generator)
+    return x, y
+
+
+# ----------------------------------------------------------------------------- the four patients
+def train_big_batch(size="full", data=None):
+    """One AdamW step of GPT-2 medium on a batch of 16 sequences of 1024 tokens.
+    Runs out of memory on a T4-16GB."""
+    model = build_gpt("gpt2-medium", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)     # foreach=True: the CUDA default
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)   # (16, T) ids and targets
+    with memlab.phase("forward"):
+        loss = model(x, y)                                                  # mean over 16 x T tokens
+    with memlab.phase("backward"):
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+
+
+def evaluate(size="full", data=None):
+    """The mean loss of each of 3 evaluation batches of 16 sequences (GPT-2 medium).
+    Runs out of memory on a T4-16GB."""
+    model = build_gpt("gpt2-medium", size)
+    memlab.watch(model)
+    model.eval()
+    x, y = data if data is not None else random_tokens("gpt2-medium", size, 48)   # (48, T)
+    losses = []
+    for i in range(0, 48, 16):
+        with memlab.phase("forward"):
+            losses.append(model(x[i:i + 16], y[i:i + 16]))                  # one batch of 16
+    return torch.stack(losses)                                              # (3,) mean loss per batch
+
+
+def train_accumulated(size="full", data=None):
+    """One AdamW step of GPT-2 small on 32 sequences, as 4 micro-batches of 8.
+    Runs out of memory on a T4-16GB, although one micro-batch alone fits."""
+    model = build_gpt("gpt2-small", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-small", size, 32)    # (32, T)
+    total = 0.0
+    for i in range(0, 32, 8):
+        with memlab.phase("forward"):
+            total = total + model(x[i:i + 8], y[i:i + 8]) / 4               # mean over the 32 sequences
+    with memlab.phase("backward"):
+        total.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+
+
+def train_1b3(size="full", data=None):
+    """One AdamW step of a 1.3B-parameter GPT (24 layers, width 2048) on 2 sequences of 1024 tokens.
+    Forward and backward fit on an L4-24GB; the first optimizer step does not."""
+    model = build_gpt("gpt-1.3b", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=True)     # foreach=True: the CUDA default
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)       # (2, T)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+
+
+@dataclass(frozen=True)
+class Case:
+    task: str
+    original: Callable
+    fixed_name: str          # the name of the learner's function
+    gpu: str                 # virtual GPU preset it must fit
+    model: str               # key of MODELS
+    rows: int                # sequences the script pushes through the model
+    trains: bool             # True: returns the model after one AdamW step; False: returns losses
+    hint_oom: str            # what to try when it still runs out
+
+
+CASES = {
+    "task4_1": Case("task4_1", train_big_batch, "train_big_batch_fixed", "T4-16GB", "gpt2-medium", 16, True,
+                    "A batch of 16 does not fit in one forward pass: split it into micro-batches and accumulate "
+                    "the gradients (dividing each micro-batch loss so the sum is the mean over all 16)."),
+    "task4_2": Case("task4_2", evaluate, "evaluate_fixed", "T4-16GB", "gpt2-medium", 48, False,
+                    "Evaluation needs no backward: run the forward passes under torch.no_grad() (or "
+                    "torch.inference_mode()) so autograd saves nothing."),
+    "task4_3": Case("task4_3", train_accumulated, "train_accumulated_fixed", "T4-16GB", "gpt2-small", 32, True,
+                    "Summing the micro-batch losses into one tensor keeps all four graphs alive until the single "
+                    "backward: call backward on each micro-batch's loss (divided by 4) as soon as it is computed."),
+    "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 2, True,
+                    "The OOM is in the optimizer step: AdamW creates its state there and, with foreach=True, "
+                    "also a temporary as large as all the parameters. Keep AdamW (and its maths): what does "
+                    "foreach=False change?"),
+}
+
+
+# ----------------------------------------------------------------------------- recording what a script does
+class _Recorder:
+    """Global hooks that watch every GPT forward and every optimizer step while active.
+
+    clone=False (full size, fake tensors): count only. clone=True (tiny): keep the
+    initial weights, and at each step the gradients and hyperparameters, by name.
+    Inside a memlab tracker (the virtual GPU) it also notes the peak reached
+    before each step and the bytes of optimizer state after it: from the second
+    step on, that state is alive during forward and backward too."""
+
+    def __init__(self, clone: bool):
+        self.clone = clone
+        self.rows = 0
+        self.configs: list[GPTConfig] = []
+        self.model: GPT | None = None
+        self.initial: list[tuple[str, torch.Tensor]] = []
+        self.steps: list[dict] = []
+        self.pre_step_peak: list[int] = []
+        self.state_bytes: list[int] = []
+        self._handles = []
+
+    def __enter__(self):
+        self._handles = [register_module_forward_pre_hook(self._forward),
+                         _optimizer_module.register_optimizer_step_pre_hook(self._step),
+                         _optimizer_module.register_optimizer_step_post_hook(self._after_step)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False
+
+    def _forward(self, module, args):
+        if not isinstance(module, GPT):
+            return None
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1:
+            self.rows += int(args[0].shape[0])
+        if module.cfg not in self.configs:
+            self.configs.append(module.cfg)
+        if self.model is None:
+            self.model = module
+            if self.clone:
+                self.initial = [(n, p.detach().clone()) for n, p in module.named_parameters()]
+        return None
+
+    def _step(self, opt, args, kwargs):
+        # parameters are matched by their position in model.named_parameters(), which wrapping blocks (e.g. for
+        # checkpointing) keeps, while it changes their names; the reference's names are used in messages
+        index = {}
+        if self.model is not None:
+            index = {id(p): (i, n) for i, (n, p) in enumerate(self.model.named_parameters())}
+        rec = {"optimizer": type(opt).__name__, "missing": [], "grads": {}, "hyper": {}}
+        for group in opt.param_groups:
+            hyper = {k: group.get(k) for k in ("lr", "betas", "eps", "weight_decay", "momentum", "amsgrad",
+                                               "maximize", "nesterov", "dampening")}
+            for p in group["params"]:
+                key = index.get(id(p), (f"?{len(rec['hyper'])}", "a parameter outside the model"))
+                rec["hyper"][key[0]] = hyper
+                if p.grad is None:
+                    rec["missing"].append(key[1])
+                elif self.clone:
+                    rec["grads"][key[0]] = p.grad.detach().clone()
+        self.steps.append(rec)
+        if active_trackers():
+            self.pre_step_peak.append(active_trackers()[-1].peak)
+        return None
+
+    def _after_step(self, opt, args, kwargs):
+        seen, total = set(), 0
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    st = v.untyped_storage()
+                    if st._cdata not in seen:
+                        seen.add(st._cdata)
+                        total += -(-st.nbytes() // 512) * 512      # rounded as the virtual GPU rounds
+        self.state_bytes.append(total)
+        return None
+
+
+
+def run_full_size(script, gpu):
+    """Run a clinic script at full size on a virtual GPU, catching the OOM.
+
+    Returns (VirtualRun, steady-state peak in bytes, recorder). The steady state is the larger of this first
+    step's peak and the peak reached before the optimizer step plus the optimizer state that step created:
+    from the second step on, that state is alive before the step too. It does not rely on phase marks."""
+    rec = _Recorder(clone=False)
+    with rec:
+        run = gpu.run(script, "full", catch_oom=True)
+    return run, steady_peak(run.fits, run.peak, rec.pre_step_peak, rec.state_bytes), rec
+
+
+def steady_peak(fits: bool, peak: int, pre_step_peak: list, state_bytes: list) -> int:
+    if fits and pre_step_peak and state_bytes:
+        return max(peak, pre_step_peak[0] + state_bytes[0])
+    return peak
