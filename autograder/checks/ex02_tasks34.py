@@ -26,7 +26,7 @@ def _chain(m, c, budget, desc, timed=False):
 
 def _forced(r, need):
     """A random short chain where every cheapest plan has `need(plan)`: drawn until brute force says so."""
-    while True:
+    for _ in range(10_000):
         n = r.randint(3, 8)
         m, c = [r.randint(1, 60) for _ in range(n)], [r.randint(1, 20) for _ in range(n)]
         budget = r.randint(min_peak(m), sum(m) - 1)
@@ -34,6 +34,7 @@ def _forced(r, need):
         plans = [k for k in all_plans(n) if plan_peak(m, k) <= budget and plan_cost(c, k) == best]
         if all(need(k) for k in plans):
             return m, c, budget
+    raise RuntimeError("no chain found")
 
 
 def _plan_cases(hidden, r):
@@ -56,7 +57,7 @@ def _plan_cases(hidden, r):
             b = r.randint(lo, hi)
             out.append(_chain(m, c, b, f"random chain {i}: act_bytes={m}, recompute_cost={c}, budget {b}"))
     # the edges, in every run: one layer, a budget met exactly, just missed, everything kept, free layers,
-    # and chains whose every cheapest plan recomputes the last layer / keeps a middle layer
+    # and chains whose every cheapest plan recomputes a run of several layers / keeps a middle layer
     m1, c1 = [r.randint(1, 100)], [r.randint(1, 20)]
     n = r.randint(4, 9)
     m, c = [r.randint(1, 100) for _ in range(n)], [r.randint(0, 20) for _ in range(n)]
@@ -66,7 +67,8 @@ def _plan_cases(hidden, r):
             _chain(m, c, min_peak(m) - 1, f"act_bytes={m}, recompute_cost={c}, a budget 1 byte below every plan"),
             _chain(m, c, sum(m), f"act_bytes={m}, recompute_cost={c}, a budget that holds everything"),
             _chain(m, c0, r.randint(min_peak(m), sum(m)), f"act_bytes={m}, recompute_cost={c0} (free layers)")]
-    for need, what in ((lambda k: not k[-1], "recomputes the last layer"),
+    for need, what in ((lambda k: any(not a and not b for a, b in zip(k, k[1:])), "recomputes a run of two or "
+                                                                                   "more layers"),
                        (lambda k: any(k[1:-1]) and not k[0], "keeps a middle layer but not the first")):
         fm, fc, fb = _forced(r, need)
         out.append(_chain(fm, fc, fb, f"act_bytes={fm}, recompute_cost={fc}, budget {fb} (every cheapest plan "

@@ -168,7 +168,8 @@ _SQRT_UNREGISTERED = _SQRT_CHECKPOINT_SEQUENTIAL.replace(
             x = block(x)
         return x""")
 
-# the dynamic programme without its "keep nothing more" exit: every plan it finds keeps the last layer
+# the dynamic programme without its "keep nothing more" exit: every plan it finds keeps the last layer (correct:
+# keeping the last layer instead of recomputing it never costs more and never raises the peak)
 _PLANNER_KEEPS_LAST = """
 def plan_checkpoints(act_bytes, recompute_cost, budget):
     m, c, n = list(act_bytes), list(recompute_cost), len(act_bytes)
@@ -196,8 +197,6 @@ WRONG.update({
                                       "must_keep": [f"{T1}_visible"] + _both(T3)},
     "sqrt_blocks_not_registered": {"replace": {T2: _SQRT_UNREGISTERED}, "must_lose": [f"{T2}_hidden"],
                                    "must_keep": [f"{T2}_visible"] + _both(T1)},
-    "planner_always_keeps_last": {"replace": {T3: _PLANNER_KEEPS_LAST}, "must_lose": [f"{T3}_hidden"],
-                                  "must_keep": [f"{T3}_visible"] + _both(T2)},
 })
 
 
@@ -267,6 +266,7 @@ ALTERNATIVES = {
     "every_k_training_mode_only": {"replace": {T1: _EVERY_K_TRAINING_ONLY}, "must_lose": [], "must_keep": _both(T1)},
     "sqrt_sequential_segments_longer_last": {"replace": {T2: _SQRT_SEQUENTIAL_SEGMENTS}, "must_lose": [],
                                              "must_keep": _both(T2)},
+    "planner_always_keeps_last": {"replace": {T3: _PLANNER_KEEPS_LAST}, "must_lose": [], "must_keep": _both(T3)},
     "planner_memoised_recursion": {"replace": {T3: _PLANNER_MEMO}, "must_lose": [], "must_keep": _both(T3)},
     "gpt_training_mode_only": {"replace": {T4: _GPT_TRAINING_ONLY}, "must_lose": [], "must_keep": _both(T4)},
     "gpt_partial_rope": {"replace": {T4: _GPT_PARTIAL}, "must_lose": [], "must_keep": _both(T4)},
