@@ -115,6 +115,70 @@ def estimate_peak_bytes(batch, d_in, width, depth, d_out, optimizer, first_step)
     return max(P + X + A + 8 * batch * width, 2 * P + X)
 '''
 
+# looks only at a single-tensor result: an op that returns several new tensors (sort, max with indices) is missed
+_LIVE_BYTES_FIRST_OUTPUT = '''
+class LiveBytes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live = {}
+
+    def reset_peak(self):
+        self.peak = self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        if isinstance(out, torch.Tensor):
+            st = out.untyped_storage()
+            key = st._cdata
+            if key not in self._live and key not in inputs:
+                n = st.nbytes()
+                def freed(_ref, key=key, n=n):
+                    if self._live.pop(key, None) is not None:
+                        self.current -= n
+                self._live[key] = weakref.ref(st, freed)
+                self.current += n
+                self.peak = max(self.peak, self.current)
+        return out
+'''
+
+# right bytes, but the pre-hooks stay on the model after the call
+_SAVED_HOOKS_LEFT = '''
+def saved_bytes_per_layer(model, x):
+    leaves = {name: m for name, m in model.named_modules() if not list(m.children())}
+    result = {name: 0 for name in leaves}
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen, running = set(), [None]
+    for name, m in leaves.items():
+        m.register_forward_pre_hook(lambda mod, inp, name=name: running.__setitem__(0, name))
+    def pack(t):
+        st = t.untyped_storage()
+        if running[0] is not None and st._cdata not in params and st._cdata not in seen:
+            seen.add(st._cdata)
+            result[running[0]] += st.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    return result
+'''
+
+# counts Adam's state in the forward/backward even at the first step, before step() has created it
+_ESTIMATE_STATE_AT_FIRST_STEP = '''
+def estimate_peak_bytes(batch, d_in, width, depth, d_out, optimizer, first_step):
+    dims = [d_in] + [width] * depth + [d_out]
+    shapes = list(zip(dims[:-1], dims[1:]))
+    n_params = sum(a * b + b for a, b in shapes)
+    P = 4 * n_params
+    O = 8 * n_params + 4 * 2 * len(shapes) if optimizer == "adam" else 0
+    X = 4 * batch * d_in + 8 * batch
+    A = 4 * depth * batch * width + 4 * batch * d_out
+    forward_backward = P + O + X + A + 2 * 4 * batch * width
+    scratch = 2 * 4 * max(a * b for a, b in shapes) if optimizer == "adam" else 0
+    return max(forward_backward, P + P + O + X + scratch)
+'''
+
 WRONG = {
     "views_counted": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_VIEWS},
                       "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
@@ -140,4 +204,13 @@ WRONG = {
     "estimate_without_optimizer_state": {"replace": {"task1_5_estimate_peak": _ESTIMATE_NO_STATE},
                                          "must_lose": ["task1_5_estimate_peak_visible", "task1_5_estimate_peak_hidden"],
                                          "must_keep": ["task1_1_live_bytes_hidden"]},
+    "live_bytes_first_output_only": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_FIRST_OUTPUT},
+                                     "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
+                                     "must_keep": ["task1_2_profile_phases_visible"]},
+    "saved_hooks_left_on_model": {"replace": {"task1_3_saved_per_layer": _SAVED_HOOKS_LEFT},
+                                  "must_lose": ["task1_3_saved_per_layer_visible", "task1_3_saved_per_layer_hidden"],
+                                  "must_keep": ["task1_4_category_breakdown_visible"]},
+    "estimate_state_at_first_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_STATE_AT_FIRST_STEP},
+                                     "must_lose": ["task1_5_estimate_peak_hidden"],
+                                     "must_keep": ["task1_5_estimate_peak_visible"]},
 }

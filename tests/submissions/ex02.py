@@ -149,3 +149,125 @@ WRONG = {
     "gpt_rng_not_preserved": {"replace": {T4: _GPT_NO_RNG}, "must_lose": [f"{T4}_hidden"],
                               "must_keep": [f"{T4}_visible"] + _both(T1)},
 }
+
+
+# ----------------------------------------------------------------------------- mistakes the old cases could miss
+# keeps the blocks as a plain attribute: registered when given an nn.Sequential / nn.ModuleList, lost for a list
+_EVERY_K_UNREGISTERED = _EVERY_K_HEAD.replace("self.blocks = nn.ModuleList(blocks)", "self.blocks = blocks").replace(
+    "{CHECKPOINTED}", "x = checkpoint(block, x, use_reentrant=False)")
+
+_SQRT_UNREGISTERED = _SQRT_CHECKPOINT_SEQUENTIAL.replace(
+    "self.blocks = nn.ModuleList(blocks)", "self.blocks = blocks").replace(
+    "        return torch.utils.checkpoint.checkpoint_sequential(self.blocks, len(self.segments), x, use_reentrant=False)",
+    """        for start, stop in self.segments:
+            x = checkpoint(self._run, start, stop, x, use_reentrant=False)
+        return x
+
+    def _run(self, start, stop, x):
+        for block in self.blocks[start:stop]:
+            x = block(x)
+        return x""")
+
+# the dynamic programme without its "keep nothing more" exit: every plan it finds keeps the last layer (correct:
+# keeping the last layer instead of recomputing it never costs more and never raises the peak)
+_PLANNER_KEEPS_LAST = """
+def plan_checkpoints(act_bytes, recompute_cost, budget):
+    m, c, n = list(act_bytes), list(recompute_cost), len(act_bytes)
+    states = [dict() for _ in range(n + 1)]
+    states[0][0] = (0, [])
+    for s in range(n):
+        for kept, (cost, keep) in sorted(states[s].items()):
+            run = run_cost = 0
+            for j in range(s, n):
+                if kept + run > budget:
+                    break
+                if kept + m[j] <= budget:
+                    new = (cost + run_cost, keep + [False] * (j - s) + [True])
+                    old = states[j + 1].get(kept + m[j])
+                    if old is None or new[0] < old[0]:
+                        states[j + 1][kept + m[j]] = new
+                run, run_cost = run + m[j], run_cost + c[j]
+    if not states[n]:
+        raise ValueError(f"no checkpoint plan fits the budget of {budget} bytes")
+    return min(states[n].values(), key=lambda v: v[0])[1]
+"""
+
+WRONG.update({
+    "every_k_blocks_not_registered": {"replace": {T1: _EVERY_K_UNREGISTERED}, "must_lose": [f"{T1}_hidden"],
+                                      "must_keep": [f"{T1}_visible"] + _both(T3)},
+    "sqrt_blocks_not_registered": {"replace": {T2: _SQRT_UNREGISTERED}, "must_lose": [f"{T2}_hidden"],
+                                   "must_keep": [f"{T2}_visible"] + _both(T1)},
+})
+
+
+# ----------------------------------------------------------------------------- correct alternatives: full marks
+_EVERY_K_TRAINING_ONLY = _EVERY_K_HEAD.replace("if i % self.k == 0:", "if i % self.k == 0 and self.training:").replace(
+    "{CHECKPOINTED}", "x = checkpoint(block, x, use_reentrant=False)")
+
+_SQRT_SEQUENTIAL_SEGMENTS = """
+def sqrt_segments(n):
+    s = math.isqrt(n - 1) + 1
+    q, r = divmod(n, s)
+    sizes = [q] * (s - r) + [q + 1] * r          # the longer segments last
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+class SqrtCheckpointed(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x):
+        for start, stop in sqrt_segments(len(self.blocks)):
+            x = checkpoint(nn.Sequential(*self.blocks[start:stop]), x, use_reentrant=False)
+        return x
+"""
+
+# exhaustive recursion over (layer, bytes kept, bytes of the current run), memoised
+_PLANNER_MEMO = """
+import functools
+
+def plan_checkpoints(act_bytes, recompute_cost, budget):
+    m, c, n = list(act_bytes), list(recompute_cost), len(act_bytes)
+
+    @functools.lru_cache(maxsize=None)
+    def best(i, kept, run):
+        if i == n:
+            return (0, ())
+        options = []
+        if kept + m[i] <= budget:
+            sub = best(i + 1, kept + m[i], 0)
+            if sub is not None:
+                options.append((sub[0], (True,) + sub[1]))
+        if kept + run + m[i] <= budget:
+            sub = best(i + 1, kept, run + m[i])
+            if sub is not None:
+                options.append((sub[0] + c[i], (False,) + sub[1]))
+        return min(options) if options else None
+
+    found = best(0, 0, 0)
+    if found is None:
+        raise ValueError(f"no plan fits the budget of {budget} bytes")
+    return list(found[1])
+"""
+
+_GPT_TRAINING_ONLY = _GPT_HEAD.replace("{BLOCK}", """if self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope)""")
+_GPT_PARTIAL = "import functools\n" + _GPT_HEAD.replace(
+    "{BLOCK}", "x = checkpoint(functools.partial(block, rope=rope), x, use_reentrant=False)")
+
+ALTERNATIVES = {
+    "every_k_training_mode_only": {"replace": {T1: _EVERY_K_TRAINING_ONLY}, "must_lose": [], "must_keep": _both(T1)},
+    "sqrt_sequential_segments_longer_last": {"replace": {T2: _SQRT_SEQUENTIAL_SEGMENTS}, "must_lose": [],
+                                             "must_keep": _both(T2)},
+    "planner_always_keeps_last": {"replace": {T3: _PLANNER_KEEPS_LAST}, "must_lose": [], "must_keep": _both(T3)},
+    "planner_memoised_recursion": {"replace": {T3: _PLANNER_MEMO}, "must_lose": [], "must_keep": _both(T3)},
+    "gpt_training_mode_only": {"replace": {T4: _GPT_TRAINING_ONLY}, "must_lose": [], "must_keep": _both(T4)},
+    "gpt_partial_rope": {"replace": {T4: _GPT_PARTIAL}, "must_lose": [], "must_keep": _both(T4)},
+}
