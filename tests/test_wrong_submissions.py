@@ -83,7 +83,7 @@ def test_correct_alternatives_score_full_marks(graded):
     want = graded_cells(spec.ASSIGNMENT)
     problems = {name: {g: res.graded.get(name, {}).get(g) for g, pts in want.items()
                        if res.graded.get(name, {}).get(g, (0, 0))[0] != pts}
-                for name in getattr(spec, "RIGHT", {})}
+                for name in getattr(spec, "RIGHT", {})}   # correct alternatives: every point kept
     problems = {k: v for k, v in problems.items() if v}
     assert not problems, f"{spec.ASSIGNMENT}: correct alternatives lost points: {problems}"
 

@@ -262,7 +262,7 @@ _GPT_TRAINING_ONLY = _GPT_HEAD.replace("{BLOCK}", """if self.training and torch.
 _GPT_PARTIAL = "import functools\n" + _GPT_HEAD.replace(
     "{BLOCK}", "x = checkpoint(functools.partial(block, rope=rope), x, use_reentrant=False)")
 
-ALTERNATIVES = {
+RIGHT = {
     "every_k_training_mode_only": {"replace": {T1: _EVERY_K_TRAINING_ONLY}, "must_lose": [], "must_keep": _both(T1)},
     "sqrt_sequential_segments_longer_last": {"replace": {T2: _SQRT_SEQUENTIAL_SEGMENTS}, "must_lose": [],
                                              "must_keep": _both(T2)},
