@@ -225,7 +225,7 @@ def _roof_cases(hidden, r):
         _roof_case(r, r.choice(list(GPUS)), "matmul", "float32", "between"),  # fp32: vector peak, compute-bound
         _roof_case(r, r.choice(list(GPUS)), r.choice(["add", "softmax", "layer_norm"]),
                    r.choice(["bfloat16", "float16"]), "below"),
-        _roof_case(r, r.choice(list(GPUS)), "layer_norm", "bfloat16", "between"),  # not a matmul: vector peak
+        _roof_case(r, r.choice(["A100", "H100"]), "layer_norm", "bfloat16", "between"),  # not a matmul: vector
     ]
 
 
@@ -301,10 +301,10 @@ class _Recorder(TorchDispatchMode):
     """Records, in order, every copy (bytes), every timer read (seconds) and every CUDA synchronize during
     the learner's call, and sleeps `delay` seconds inside the second timed copy (a planted slow outlier)."""
 
-    def __init__(self, delay: float, namespace: dict):
+    def __init__(self, delay: float, repeats: int, namespace: dict):
         super().__init__()
         self.events: list[list] = []
-        self.delay = delay
+        self.delay, self.repeats = delay, repeats
         self.ns = namespace
         self._saved: list = []
 
@@ -353,8 +353,17 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.__name__.split(".")[0] in COPY_OPS and isinstance(out, torch.Tensor):
             self.events.append(["copy", out.numel() * out.element_size()])
-            timed = [e for e in self.events if e[0] == "timer"]
-            if timed and sum(1 for e in self.events[self.events.index(timed[0]):] if e[0] == "copy") == 2:
+            timers = [i for i, e in enumerate(self.events) if e[0] == "timer"]
+            copies = [i for i, e in enumerate(self.events) if e[0] == "copy" and timers and i > timers[0]]
+            if len(copies) == 2:
+                # at least 10x the learner's own first timed copy per repeat: a mean over the copies then
+                # lands far from the median however slow this machine is right now
+                before = [i for i in timers if i < copies[0]]
+                after = [i for i in timers if copies[0] < i < copies[1]]
+                if before and after:
+                    first = self.events[after[0]][1] - self.events[before[-1]][1]
+                    self.delay = max(self.delay, 10 * self.repeats * first)
+                self.delay = min(self.delay, 3.0)
                 _sleep(self.delay)
         return out
 
@@ -362,8 +371,9 @@ class _Recorder(TorchDispatchMode):
 def _bw_cases(hidden, r):
     if not hidden:
         return [{"n_bytes": 8_000_003, "n_bytes_cuda": 256_000_003, "warmup": 2, "repeats": 7}]
+    repeats = [r.choice([5, 7, 9, 11]), r.choice([6, 8, 10]), r.randint(5, 11)]    # an odd and an even count
     return [{"n_bytes": r.randrange(4_000_000, 12_000_000), "n_bytes_cuda": r.randrange(200_000_000, 400_000_000),
-             "warmup": w, "repeats": r.randint(5, 11)} for w in (1, 2, 3)]
+             "warmup": w, "repeats": k} for w, k in zip((1, 2, 3), repeats)]
 
 
 def _bw_run(case, copy_bandwidth):
@@ -371,13 +381,13 @@ def _bw_run(case, copy_bandwidth):
     n = case["n_bytes_cuda"] if device.type == "cuda" else case["n_bytes"]
     before = _reference_bandwidth(n, device)
     t_copy = 2 * n / (before * 1e9)
-    delay = min(1.5, max(0.25, 10 * case["repeats"] * t_copy))
-    rec = _Recorder(delay, getattr(copy_bandwidth, "__globals__", {}))
+    rec = _Recorder(min(3.0, max(0.5, 10 * case["repeats"] * t_copy)), case["repeats"],
+                    getattr(copy_bandwidth, "__globals__", {}))
     with _off_limits("task0_3_copy_bandwidth"), rec:
         value = copy_bandwidth(n, device, warmup=case["warmup"], repeats=case["repeats"])
     after = _reference_bandwidth(n, device)
     return {"value": _number("copy_bandwidth(...)", value), "events": rec.events, "reference": [before, after],
-            "device": device.type, "n_bytes": n, "delay_s": delay}
+            "device": device.type, "n_bytes": n, "delay_s": rec.delay}
 
 
 def _bw_judge(case, got):
@@ -427,20 +437,27 @@ def _bw_judge(case, got):
     if times[0] <= 0:
         raise AssertionError(f"{what}: one of your timed intervals shows no elapsed time")
     # every median convention lies between the lower and the upper middle time (torch.median takes the lower,
-    # statistics.median the mean of the two); the best time is accepted too
-    slow, best = 2 * n / times[len(times) // 2] / 1e9, 2 * n / times[0] / 1e9
-    if not 0.85 * slow <= value <= 1.05 * best:
+    # statistics.median the mean of the two); your times are the grader's records of your own timer reads
+    k = len(times)
+    slow, fast = 2 * n / times[k // 2] / 1e9, 2 * n / times[(k - 1) // 2] / 1e9
+    if not 0.99 * slow <= value <= 1.01 * fast:
         hint = ""
-        if 0.85 * slow <= 2 * value <= 1.05 * best:
+        if 0.99 * slow <= 2 * value <= 1.01 * fast:
             hint = " Yours is half of it: a copy reads n_bytes AND writes n_bytes, so it moves 2 * n_bytes."
-        elif value < 0.85 * slow:
+        elif value < slow:
             hint = (f" The grader slowed one of your timed copies down by {got['delay_s']:.2f} s on purpose: a mean "
-                    f"follows such an outlier, a median (or the best time) does not.")
-        raise AssertionError(f"{what} returned {value:.3g} GB/s, but your own timer reads give {slow:.3g} GB/s at "
-                             f"the median copy time (best {best:.3g}); return 2 * n_bytes / median(times) / 1e9."
-                             f"{hint}")
-    lo, hi = min(got["reference"]) / 5, max(got["reference"]) * 5      # generous: a shared machine is noisy
-    if not lo <= value <= hi:
+                    f"follows such an outlier, a median does not.")
+        elif value > fast:
+            hint = " Yours is faster than your median copy: the task asks for the median time, not the best one."
+        med = f"{slow:.4g}" if k % 2 else f"{slow:.4g} to {fast:.4g}"
+        raise AssertionError(f"{what} returned {value:.4g} GB/s, but your own timer reads give {med} GB/s at the "
+                             f"median copy time; return 2 * n_bytes / median(times) / 1e9.{hint}")
+    # Plausibility against the grader's own copy, on CUDA only: there a missing synchronize times the launch,
+    # not the copy. A shared CPU swings by two orders of magnitude between consecutive measurements (seen while
+    # writing this check: 0.35 and 64 GB/s for the same 5.5 MB copy, seconds apart), so on a CPU the
+    # checks above, on the learner's own recorded timer reads, carry the weight.
+    lo, hi = min(got["reference"]) / 5, max(got["reference"]) * 5
+    if cuda and not lo <= value <= hi:
         raise AssertionError(f"{what} returned {value:.3g} GB/s; the grader measured {got['reference'][0]:.3g} and "
                              f"{got['reference'][1]:.3g} GB/s for the same copy just before and after your call")
 

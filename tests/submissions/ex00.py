@@ -152,12 +152,10 @@ RIGHT = {
         BW, "t0 = time.perf_counter()", "t0 = perf_counter()"), "times.append(time.perf_counter() - t0)",
         "times.append(perf_counter() - t0)"), "statistics.median(times)",
         "torch.tensor(times, dtype=torch.float64).median().item()")}},
-    # the best (fastest) copy instead of the median: robust too
-    "best_time": {"replace": {S3: _edit(BW, "statistics.median(times)", "min(times)")}},
     # the tensor-core peak looked up with .get
-    "peak_with_get": {"replace": {S2: _edit(_edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:\n'
+    "peak_with_get": {"replace": {S2: _edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:\n'
                                                         '        peak = gpu["tensor_flops"][name]\n    else:\n'
                                                         '        peak = gpu["vector_flops"]',
                                                   'peak = gpu["tensor_flops"].get(name, gpu["vector_flops"]) '
-                                                  'if op == "matmul" else gpu["vector_flops"]'), "", "")}},
+                                                  'if op == "matmul" else gpu["vector_flops"]')}},
 }
