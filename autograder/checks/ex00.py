@@ -53,13 +53,14 @@ GPUS = {
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn")
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
-HIERARCHY = os.sep + os.path.join("memlab", "hierarchy.py")
+# the lesson's own formulas and benchmarks: memlab/hierarchy.py and memlab/timing.py
+HIERARCHY = tuple(os.sep + os.path.join("memlab", f) for f in ("hierarchy.py", "timing.py"))
 
 
 @contextlib.contextmanager
 def _off_limits(task: str, tracker: bool = False):
-    """During the learner's call: record any call into memlab/hierarchy.py (the lesson's own formulas and
-    benchmarks), and with tracker=True make memlab.MemoryTracker raise. Raises after the call if used."""
+    """During the learner's call: record any call into memlab/hierarchy.py or memlab/timing.py (the lesson's
+    own formulas and benchmarks), and with tracker=True make memlab.MemoryTracker raise. Raises after the call if used."""
     hits: list[str] = []
     previous = sys.getprofile()
 
@@ -83,7 +84,7 @@ def _off_limits(task: str, tracker: bool = False):
         if tracker:
             memlab.MemoryTracker.__enter__ = original
     if hits:
-        raise AssertionError(f"{task} called memlab.hierarchy ({', '.join(sorted(set(hits)))}): the lesson's "
+        raise AssertionError(f"{task} called memlab.hierarchy or memlab.timing ({', '.join(sorted(set(hits)))}): the lesson's "
                              f"helpers are off limits in this exercise; write the computation yourself")
 
 
