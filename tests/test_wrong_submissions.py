@@ -38,7 +38,7 @@ def graded(request):
             nbformat.write(submission(spec.ASSIGNMENT, w["replace"]), subs / f"{name}.ipynb")
         course_dir = tmp / "course"
         course_dir.mkdir()
-        res = grade.grade_class(subs, spec.ASSIGNMENT, timeout=900, course=grade.temp_course(course_dir),
+        res = grade.grade_class(subs, spec.ASSIGNMENT, timeout=1800, course=grade.temp_course(course_dir),
                                jobs=2, log=lambda line: None)
         yield spec, res
 
