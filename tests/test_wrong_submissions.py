@@ -74,7 +74,8 @@ def test_wrong_submissions_lose_their_points(graded):
                 problems.append(f"{name}: {gid} should score 0, scored {got.get(gid)}")
         for gid in w.get("must_keep", []):
             if got.get(gid, (None,))[0] != want[gid]:
-                problems.append(f"{name}: {gid} should keep {want[gid]} points, scored {got.get(gid)}")
+                problems.append(f"{name}: {gid} should keep {want[gid]} points, scored {got.get(gid)} "
+                                f"({res.notes.get(name) or 'no note from the grader'})")
     assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
 
 
