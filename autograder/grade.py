@@ -187,6 +187,7 @@ class ClassResult:
     graded: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)      # not graded at all, and why
     notes: dict[str, str] = field(default_factory=dict)       # graded, with a note (time-out, early exit)
+    reasons: dict[str, dict[str, str]] = field(default_factory=dict)   # learner -> grade_id -> why points were lost
     skipped: dict[str, str] = field(default_factory=dict)     # entries of the folder that are no learner
 
 
@@ -267,6 +268,7 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
                     continue
                 gradebook.record(course, ex, sid, learners[sid], g)
                 res.graded[sid] = gradebook.scores(course, ex.name, sid)
+                res.reasons[sid] = dict(g.reasons)
                 if g.note:
                     res.notes[sid] = g.note
                 s, m = g.total

@@ -75,7 +75,7 @@ def test_wrong_submissions_lose_their_points(graded):
         for gid in w.get("must_keep", []):
             if got.get(gid, (None,))[0] != want[gid]:
                 problems.append(f"{name}: {gid} should keep {want[gid]} points, scored {got.get(gid)} "
-                                f"({res.notes.get(name) or 'no note from the grader'})")
+                                f"({res.reasons.get(name, {}).get(gid) or res.notes.get(name)})")
     assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
 
 
