@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 MAX_RESULTS_BYTES = 200 * 2**20
 TEST_CELL = re.compile(r"^(?P<task>.+)_(?P<kind>visible|hidden)$")
+# Judges use torch's global state (seeds, default dtype, patched init functions in transformers): the sandboxes
+# of several learners run at once, but their results are judged one learner at a time.
+JUDGE_LOCK = threading.Lock()
 
 
 class NotGradable(Exception):
@@ -172,7 +176,8 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         if not m or m["task"] not in tasks:
             raise SystemExit(f"{exercise.name}: graded cell {gid!r} has no check in {exercise.module}.TASKS")
         task, hidden = tasks[m["task"]], m["kind"] == "hidden"
-        cases = task.cases(hidden, rng(hidden))
+        with JUDGE_LOCK:                   # case generators may use torch's global state too
+            cases = task.cases(hidden, rng(hidden))
         plan[gid] = (task, cases)
         probes += [{"key": f"{gid}/{i}", "task": task.id, "case": c} for i, c in enumerate(cases)]
     job = {"module": exercise.module, "cells": code_to_run(template, learner), "probes": probes,
@@ -201,6 +206,12 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
             for f in ("stdout.txt", "stderr.txt", "cells.jsonl", "results.jsonl"):
                 if (scratch / f).exists():
                     shutil.copy(scratch / f, keep / f)
+    with JUDGE_LOCK:
+        _judge_all(plan, points, results, graded)
+    return graded
+
+
+def _judge_all(plan: dict, points: dict, results: dict, graded: Graded) -> None:
     for gid, (task, cases) in plan.items():
         graded.scores[gid] = (points[gid], points[gid])
         for i, case in enumerate(cases):
@@ -209,7 +220,6 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
                 graded.scores[gid] = (0.0, points[gid])
                 graded.reasons[gid] = why
                 break
-    return graded
 
 
 def _read_lines(path: Path) -> list:
