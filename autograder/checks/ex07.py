@@ -641,7 +641,7 @@ def _qlora_cases(hidden, r):
         return [{"cfg": TINY, "r": 3, "batch": 2, "seq": 9, "checkpointing": False, "measure": True},
                 {"cfg": TINY, "r": 3, "batch": 2, "seq": 9, "checkpointing": True, "measure": False}]
     heads = r.choice([2, 3, 4, 6])
-    C = heads * r.randint(5, 13)
+    C = heads * 2 * r.randint(3, 7)                                  # head size even (RoPE), C no power of two
     tiny = {"hidden": C, "intermediate": r.randint(2 * C, 3 * C) | 1, "layers": r.randint(1, 3), "heads": heads,
             "kv_heads": r.choice([k for k in (1, 2, 3, heads) if heads % k == 0]), "vocab": r.randint(50, 150)}
     return [{"cfg": tiny, "r": r.randint(1, 5), "batch": r.randint(1, 3), "seq": r.randint(5, 20),
