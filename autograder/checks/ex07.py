@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,6 +27,9 @@ import memlab
 from .common import Task, allclose, expect_int, expect_type, tasks
 
 NF4_BLOCK, DQ_BLOCK = 64, 256
+# The grader judges several learners at once in threads: peft's dropout draws from torch's global RNG and
+# transformers patches torch.nn.init while it builds a model, so the judges that use them hold this lock.
+_GLOBAL_STATE = threading.RLock()
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _BNB_FUNCS = ("quantize_4bit", "dequantize_4bit", "quantize_nf4", "dequantize_nf4", "quantize_fp4",
               "dequantize_fp4", "quantize_blockwise", "dequantize_blockwise", "quantize", "dequantize")
@@ -315,7 +319,7 @@ def _bpp_reference(n, blocksize, double_quant):
     measured on bitsandbytes' own tensors; above, the same sum is written plainly."""
     if n <= 300_000:
         import bitsandbytes.functional as bf
-        p, st = bf.quantize_4bit(torch.randn(n), blocksize=blocksize, quant_type="nf4",
+        p, st = bf.quantize_4bit(torch.randn(n, generator=torch.Generator().manual_seed(n)), blocksize=blocksize, quant_type="nf4",
                                  compress_statistics=double_quant)
         nbytes = p.numel() * p.element_size() + st.absmax.numel() * st.absmax.element_size()
         if double_quant:
@@ -412,8 +416,14 @@ def _lora_tensors(case):
 
 
 def _base_linear(case):
-    torch.manual_seed(case["seed"])
-    return torch.nn.Linear(case["d_in"], case["d_out"], bias=case["bias"])
+    """The pretrained Linear, its weights drawn from the case's seed (no global RNG)."""
+    lin = torch.nn.Linear(case["d_in"], case["d_out"], bias=case["bias"])
+    g = torch.Generator().manual_seed(case["seed"])
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / math.sqrt(case["d_in"]))
+        if lin.bias is not None:
+            lin.bias.copy_(torch.randn(lin.bias.shape, generator=g) * 0.1)
+    return lin
 
 
 def _lora_run(case, LoRALinear):
@@ -498,6 +508,11 @@ def _peft_reference(case):
 
 
 def _lora_judge(case, got):
+    with _GLOBAL_STATE:
+        _lora_judge_locked(case, got)
+
+
+def _lora_judge_locked(case, got):
     expect_type("result", got, dict)
     what = (f"[d_in {case['d_in']}, d_out {case['d_out']}, r {case['r']}, alpha {case['alpha']}, "
             f"dropout {case['dropout']}, bias {case['bias']}]")
@@ -606,7 +621,6 @@ def _qlora_measured(cfg, r):
                      num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
                      num_key_value_heads=cfg["kv_heads"], vocab_size=cfg["vocab"], max_position_embeddings=64,
                      tie_word_embeddings=False)
-    torch.manual_seed(0)
     model = LlamaForCausalLM(lc).to(torch.bfloat16)
     nf4 = base16 = 0
     for name, p in model.named_parameters():
@@ -620,7 +634,7 @@ def _qlora_measured(cfg, r):
                         autocast_adapter_dtype=False)
     trainable = [p for p in pm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-3)
-    ids = torch.randint(0, cfg["vocab"], (2, 8))
+    ids = torch.randint(0, cfg["vocab"], (2, 8), generator=torch.Generator().manual_seed(0))
     tracker = memlab.MemoryTracker(pm, opt)
     with tracker:
         pm(input_ids=ids, labels=ids).loss.backward()
@@ -684,6 +698,11 @@ _HINTS = {
 
 
 def _qlora_judge(case, got):
+    with _GLOBAL_STATE:
+        _qlora_judge_locked(case, got)
+
+
+def _qlora_judge_locked(case, got):
     expect_type("result", got, dict)
     if got["ops"]:
         raise AssertionError(f"qlora_memory called bitsandbytes' operators {got['ops']}: compute the bytes by formula")
