@@ -7,6 +7,7 @@ from .track import CATEGORIES, MemoryTracker, format_bytes, phase, watch
 from .virtual_gpu import PRESETS, VirtualGPU, VirtualRun
 from .models import MLP, GPT, GPTConfig, train_step
 from . import estimate, plot  # noqa: E402  (memlab.estimate.*, memlab.plot.*)
+from . import llama, qlora, quant  # noqa: E402  (memlab.quant.*, .qlora.*, .llama.*: torch only at import)
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step"]
