@@ -106,18 +106,20 @@ def silence_libraries():
 
 # ----------------------------------------------------------------------------- models
 def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, double_quant: bool = True,
-               compute_dtype: torch.dtype = torch.bfloat16, seed: int = 0, **config_kw):
+               compute_dtype: torch.dtype = torch.bfloat16, device: str = "cpu", seed: int = 0, **config_kw):
     """A randomly initialised `LlamaForCausalLM` from `memlab.models.tiny_llama_config(**config_kw)`.
 
     quant=None builds it in `dtype`. quant="nf4", "fp4" or "int8" saves it to a temporary
     folder and loads it back with `transformers.BitsAndBytesConfig` (load_in_4bit with that
     quant type, `bnb_4bit_use_double_quant=double_quant`, `bnb_4bit_compute_dtype=compute_dtype`;
-    or load_in_8bit), on the CPU: the path a downloaded checkpoint takes, without a download.
+    or load_in_8bit), onto `device`: the path a downloaded checkpoint takes, without a download.
     """
     if quant not in (None, "nf4", "fp4", "int8"):
         raise ValueError(f"quant must be None, 'nf4', 'fp4' or 'int8', got {quant!r}")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     silence_libraries()
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
     from .models import tiny_llama_config
@@ -126,7 +128,7 @@ def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, 
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(dtype)
     if quant is None:
-        return model
+        return model.to(device)
     if quant == "int8":
         qc = BitsAndBytesConfig(load_in_8bit=True)
     else:
@@ -135,7 +137,7 @@ def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, 
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
         del model
-        return LlamaForCausalLM.from_pretrained(d, quantization_config=qc, dtype=dtype, device_map="cpu")
+        return LlamaForCausalLM.from_pretrained(d, quantization_config=qc, dtype=dtype, device_map=device)
 
 
 def _swap_meta(module: nn.Module, name: str, dtype: torch.dtype, trainable: bool, buffer: bool = False):

@@ -159,7 +159,10 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
                  norm's are gone), with checkpointing after that layer's recomputation (+ its
                  activations); and the optimizer step (states + scratch,
                  `memlab.estimate.optimizer_step_temp_bytes`). Not counted: the dequantized weight a
-                 4-bit matmul makes for an instant (at most C*F compute-dtype elements).
+                 4-bit matmul makes for an instant (at most C*F compute-dtype elements). Measured on the
+                 tracker: exact with adapters on attention only; with adapters on the MLP the real peak
+                 comes at another moment (down_proj's adapter frees its input first) and this errs high,
+                 by 2-8% on the tiny Llama (benchmarks/quant.md), less when the loss or weights dominate.
     mask_bytes   dropout's mask per element: 1 on CUDA (a bool mask), 4 on the CPU and the virtual
                  GPU (PyTorch's CPU dropout keeps a float mask).
     Assumes no padding (the causal mask is sdpa's is_causal) and at least one of q/k/v adapted.
@@ -205,7 +208,8 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
     cands["step"] = P + G + O + optimizer_step_temp_bytes(numels, "adam", foreach)
     where = max(cands, key=cands.get)
     if where == "step":
-        bd = {"parameters": P, "gradients": G, "optimizer": O, "activations": 0, "temporaries": cands[where] - P - G - O}
+        bd = {"parameters": P, "gradients": G, "optimizer": O, "activations": 0,
+              "temporaries": cands[where] - P - G - O}
     elif where == "backward start":
         bd = {"parameters": P, "gradients": 0, "optimizer": O_before, "activations": A, "temporaries": 2 * 4 * N * V}
     else:

@@ -308,5 +308,6 @@ class Linear4bitStandIn(nn.Module):
         return out.to(inp_dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, compute_dtype={self.compute_dtype}, "
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"compute_dtype={self.compute_dtype}, "
                 f"double_quant={self.double_quant} (memory stand-in: outputs are zeros)")
