@@ -178,6 +178,10 @@ def finetune_llama(cfg, method: str = "qlora", *, r: int = 16, targets=PROJECTIO
     if method not in ("full", "lora", "qlora"):
         raise ValueError(f"method must be 'full', 'lora' or 'qlora', got {method!r}")
     _dims(cfg)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"r must be a positive int, got {r!r}")
+    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
+        raise ValueError(f"lora_dropout must be in [0, 1), got {lora_dropout!r}")
     silence_libraries()
     from transformers import LlamaForCausalLM
     cfg = copy.deepcopy(cfg)

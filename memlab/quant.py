@@ -9,9 +9,9 @@ Bits per parameter of block-wise 4-bit quantization (Dettmers et al. 2023,
                                                                    per 256 of them, and one fp32 offset)
 
 `nf4_bytes` is the exact byte count of what `bitsandbytes.functional.quantize_4bit`
-keeps for one tensor (read off bitsandbytes 0.4x-0.5x: packed codes, absmax,
-the nested state, and the two small code tables each QuantState owns);
-`quant_state_bytes` measures the same on a real QuantState.
+keeps for one tensor (packed codes, absmax, the nested state, and the two small code
+tables each QuantState owns; read off bitsandbytes 0.50, and tests/test_quant.py checks
+it against the installed version); `quant_state_bytes` measures the same on a real QuantState.
 
 The integer round trips (`absmax_roundtrip`, `zeropoint_roundtrip`) return the
 dequantized tensor, so their error can be compared with bitsandbytes' NF4/FP4
@@ -107,7 +107,7 @@ def quant_state_bytes(packed: torch.Tensor, quant_state) -> dict[str, int]:
 def adam8bit_state_bytes(numel: int, min_8bit_size: int = 4096, blocksize: int = 256) -> int:
     """Optimizer-state bytes of one parameter tensor under bitsandbytes' Adam8bit/AdamW8bit
     (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"; block size and
-    threshold as in bitsandbytes 0.4x-0.5x `Optimizer2State.init_state`):
+    threshold as in bitsandbytes 0.50's `Optimizer2State.init_state`):
     two uint8 moments plus one fp32 absmax per moment per `blocksize` values,
     2 * numel + 8 * ceil(numel / blocksize) (about 2.03 bytes/param); tensors with fewer than
     `min_8bit_size` elements keep fp32 moments, 8 * numel. The two 256-entry fp32 quantization

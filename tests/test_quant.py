@@ -275,6 +275,9 @@ def test_bad_input():
         (lambda: QL.qlora_bytes(cfg, lora_dropout=1.0), ValueError),
         (lambda: LL.tiny_llama("int3"), ValueError),
         (lambda: LL.finetune_llama(cfg, "prefix"), ValueError),
+        (lambda: LL.finetune_llama(cfg, "qlora", r=0), ValueError),
+        (lambda: LL.finetune_llama(cfg, "lora", lora_dropout=1.5), ValueError),
+        (lambda: LL.tiny_llama(device="tpu"), ValueError),
         (lambda: LL.causal_lm_step(torch.nn.Linear(2, 2), None, torch.zeros(2, 2)), TypeError),
     ]
     for fn, exc in cases:
