@@ -10,8 +10,9 @@ from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_ba
 from .hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .timing import copy_bandwidth, time_fn
 # submodules by lesson: estimate and plot (all), recorded (numbers recorded on a real GPU),
-# hierarchy and timing (00), attention (05)
+# hierarchy and timing (00), attention (05), quant, qlora and llama (07)
 from . import estimate, plot, recorded, hierarchy, timing, attention  # noqa: E402
+from . import llama, qlora, quant  # noqa: E402  (07: torch only at import)
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
