@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -144,6 +145,32 @@ def forbid_memlab_tracker(task: str):
         yield
     finally:
         memlab.MemoryTracker.__enter__ = original
+
+
+def memlab_files(*names: str) -> tuple[str, ...]:
+    """Path endings of memlab modules, for `no_calls_into`."""
+    return tuple(os.sep + os.path.join("memlab", n) for n in names)
+
+
+@contextlib.contextmanager
+def no_calls_into(task: str, files: tuple[str, ...], what: str):
+    """While the learner's code runs, record every Python call into `files` (path endings); afterwards raise
+    if there was one. For tasks whose answer a lesson's helper in memlab already computes."""
+    hits: list[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(files):
+            hits.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+    if hits:
+        raise AssertionError(f"{task} called {what} ({', '.join(sorted(set(hits)))}): the lesson's helpers are "
+                             f"off limits in this task; write the computation yourself")
 
 
 def expect_int(name: str, value) -> int:

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import memlab
 
-from .common import Task, expect_int, expect_type, tasks
+from .common import Task, expect_int, expect_type, memlab_files, no_calls_into, tasks
 
 _perf_counter, _perf_counter_ns, _sleep = time.perf_counter, time.perf_counter_ns, time.sleep  # bound at import
 
@@ -54,20 +54,13 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn")
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 
 # the lesson's own formulas and benchmarks: memlab/hierarchy.py and memlab/timing.py
-HIERARCHY = tuple(os.sep + os.path.join("memlab", f) for f in ("hierarchy.py", "timing.py"))
+HIERARCHY = memlab_files("hierarchy.py", "timing.py")
 
 
 @contextlib.contextmanager
 def _off_limits(task: str, tracker: bool = False):
-    """During the learner's call: record any call into memlab/hierarchy.py or memlab/timing.py (the lesson's
-    own formulas and benchmarks), and with tracker=True make memlab.MemoryTracker raise. Raises after the call if used."""
-    hits: list[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.endswith(HIERARCHY):
-            hits.append(frame.f_code.co_name)
-
+    """During the learner's call: no calls into memlab/hierarchy.py or memlab/timing.py (the lesson's own
+    formulas and benchmarks), and with tracker=True memlab.MemoryTracker raises."""
     original = memlab.MemoryTracker.__enter__
 
     def refuse(self):
@@ -76,16 +69,12 @@ def _off_limits(task: str, tracker: bool = False):
 
     if tracker:
         memlab.MemoryTracker.__enter__ = refuse
-    sys.setprofile(profile)
     try:
-        yield
+        with no_calls_into(task, HIERARCHY, "memlab.hierarchy or memlab.timing"):
+            yield
     finally:
-        sys.setprofile(previous)
         if tracker:
             memlab.MemoryTracker.__enter__ = original
-    if hits:
-        raise AssertionError(f"{task} called memlab.hierarchy or memlab.timing ({', '.join(sorted(set(hits)))}): the lesson's "
-                             f"helpers are off limits in this exercise; write the computation yourself")
 
 
 def _number(name, v):

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import memlab
 
-from .common import Task, allclose, expect_int, expect_type, tasks
+from .common import Task, allclose, expect_int, expect_type, memlab_files, no_calls_into, tasks
 
 NF4_BLOCK, DQ_BLOCK = 64, 256
 # The grader judges several learners at once in threads: peft's dropout draws from torch's global RNG and
@@ -65,7 +65,8 @@ def _no_bitsandbytes(task):
         setattr(bf, n, refuse(n))
     mode = _LibraryOps()
     try:
-        with mode:
+        with mode, no_calls_into(task, memlab_files("quant.py", "qlora.py", "llama.py"),
+                                 "memlab's quantization and QLoRA helpers"):
             yield mode
     finally:
         for n, f in saved.items():
