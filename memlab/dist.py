@@ -172,8 +172,9 @@ class RankGroup:
             server process (multiprocessing's "forkserver"), started by the first RankGroup of
             this Python process: modules it preloads cost one import for all ranks of all groups
             instead of one per rank. A later group imports what the server lacks in each rank.
-        wait: False returns at once, while the ranks start (the first `run` waits for them),
-            so a notebook can compute something else meanwhile.
+        wait: False returns at once: the fork server imports `preload` in the background and
+            the ranks start at the first `run` (or `wait_ready()`), so a notebook can compute
+            something else meanwhile.
     """
 
     def __init__(self, world_size: int, *, backend: str | None = None, timeout: float = 120.0,
@@ -199,50 +200,73 @@ class RankGroup:
         self._logdir = tempfile.mkdtemp(prefix="memlab-ranks-")
         self._procs, self._conns, self.closed = [], [], False
         import multiprocessing as mp
-        ctx = mp.get_context("forkserver")              # one clean server imports torch once; ranks fork from it
-        ctx.set_forkserver_preload(["torch", "memlab", *preload])
-        port = _free_port()
-        base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads)}
+        self._ctx = mp.get_context("forkserver")        # one clean server imports torch once; ranks fork from it
+        self._ctx.set_forkserver_preload(["torch", "memlab", *preload])
+        self._base = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(world_size),
+                      "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads)}
         if backend == "gloo":
-            base["DS_ACCELERATOR"] = "cpu"
-        base.update(env or {})
-        # the server (started by the first p.start() of this Python process) imports with the environment it
-        # inherits: give it the ranks' DS_ACCELERATOR for that moment, so a preloaded deepspeed picks the same one
-        saved = os.environ.get("DS_ACCELERATOR")
-        if "DS_ACCELERATOR" in base:
-            os.environ["DS_ACCELERATOR"] = base["DS_ACCELERATOR"]
-        try:
-            for r in range(world_size):
-                parent, child = ctx.Pipe()
+            self._base["DS_ACCELERATOR"] = "cpu"
+        self._base.update(env or {})
+        self._threads, self._preload = threads, tuple(preload)
+        self._start_timeout, self._ready = float(start_timeout), False
+        with self._server_env():
+            from multiprocessing import forkserver
+            forkserver.ensure_running()                  # the server imports `preload` now, in the background
+        if wait:
+            self.wait_ready()
+
+    def _server_env(self):
+        """The server imports with the environment it inherits: give it the ranks' DS_ACCELERATOR
+        while it starts, so a preloaded deepspeed picks the same accelerator as the ranks."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def env():
+            saved = os.environ.get("DS_ACCELERATOR")
+            if "DS_ACCELERATOR" in self._base:
+                os.environ["DS_ACCELERATOR"] = self._base["DS_ACCELERATOR"]
+            try:
+                yield
+            finally:
+                if saved is None:
+                    os.environ.pop("DS_ACCELERATOR", None)
+                else:
+                    os.environ["DS_ACCELERATOR"] = saved
+        return env()
+
+    def _start(self):
+        base = dict(self._base, MASTER_PORT=str(_free_port()))
+        with self._server_env():
+            for r in range(self.world_size):
+                parent, child = self._ctx.Pipe()
                 renv = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-                p = ctx.Process(target=_rank_main, name=f"memlab-rank{r}", daemon=True,
-                                args=(r, world_size, backend, child, renv, threads, self.log_path(r), tuple(preload)))
+                p = self._ctx.Process(target=_rank_main, name=f"memlab-rank{r}", daemon=True,
+                                      args=(r, self.world_size, self.backend, child, renv, self._threads,
+                                            self.log_path(r), self._preload))
                 p.start()
                 child.close()
                 self._procs.append(p)
                 self._conns.append(parent)
-        finally:
-            if saved is None:
-                os.environ.pop("DS_ACCELERATOR", None)
-            else:
-                os.environ["DS_ACCELERATOR"] = saved
         _GROUPS.append(self)
-        self._start_timeout, self._ready = float(start_timeout), False
-        if wait:
-            self.wait_ready()
 
     # -------------------------------------------------------------- public
     @property
     def pids(self) -> list[int]:
+        """The ranks' process ids (starts them if they were deferred)."""
+        self.wait_ready()
         return [p.pid for p in self._procs]
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self._logdir, f"rank{rank}.log")
 
     def wait_ready(self) -> "RankGroup":
-        """Block until every rank has joined the process group (RankError if one fails to)."""
+        """Start the ranks if `wait=False` deferred it, and block until every rank has joined the
+        process group (RankError if one fails to)."""
+        if self.closed:
+            raise RuntimeError("this RankGroup is closed (it was stopped or a rank failed); start a new one")
         if not self._ready:
+            if not self._procs:
+                self._start()
             self._collect("start", self._start_timeout)
             self._ready = True
         return self

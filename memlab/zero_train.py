@@ -11,8 +11,9 @@ The same functions run three ways, unchanged:
 Run as a script, every rank prints one line of JSON with what it measured.
 
 What a run measures (on its own rank), for the last of `steps` training steps (the first one
-creates the optimizer state): the live bytes by category just before the optimizer step (the
-moment parameters, gradients and optimizer state coexist) and after it, the peak of the step,
+creates the optimizer state): the live bytes by category when autograd's backward pass ends
+("end_of_backward": parameters, gradients and optimizer state coexist), just before the
+optimizer step (after the framework's own gradient reduction) and after it, the peak of the step,
 the bytes of every collective (memlab.dist.CommCounter) and, with offload, the bytes copied
 between device and host. Everything comes back as plain data.
 """
@@ -32,7 +33,7 @@ import torch.distributed as dist
 
 from memlab.dist import CommCounter
 from memlab.models import GPT, GPTConfig
-from memlab.track import phase, watch
+from memlab.track import CATEGORIES, phase, watch
 from memlab.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
 from memlab.zero import label as label_as
 
@@ -71,7 +72,7 @@ def ds_config(stage: int, *, offload: bool = False, bucket: int = 2**17, micro_b
             zero.update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0)
     zero.update(zero_overrides or {})
     if offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": _device().type == "cuda"}
     cfg = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
            "bf16": {"enabled": True},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}},
@@ -134,13 +135,18 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
                 tracker.reset_peak()
                 comm = stack.enter_context(CommCounter())
                 link = stack.enter_context(HostLinkCounter(host_tensors())) if host_tensors else None
-                t0 = time.perf_counter()
-            marks = [len(comm.log)] if last else None
+                t0, c0 = time.perf_counter(), time.process_time()
+            marks, snap = ([len(comm.log)], []) if last else (None, None)
             with phase("forward"):
                 loss = forward(x)
             with phase("backward"):
                 if last:
                     marks.append(len(comm.log))
+                    # what is live when autograd's backward ends, before any post-backward reduction of the
+                    # framework; categorised at the end, when every storage has its final role
+                    engine = torch.autograd.Variable._execution_engine
+                    loss.register_hook(lambda g: engine.queue_callback(
+                        lambda: snap.extend((b, b.nbytes) for b in tracker._blocks.values())) or g)
                 backward(loss)
             label()
             if last:
@@ -154,9 +160,13 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
             if last:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                out["step_seconds"] = time.perf_counter() - t0
+                out["step_seconds"] = time.perf_counter() - t0          # wall time of the measured step
+                out["step_cpu_seconds"] = time.process_time() - c0      # this rank's CPU time in it
                 out["loss"] = float(loss)
-        out.update(n_params=n_params, after_step=tracker.breakdown(), peak=tracker.peak,
+        eob = dict.fromkeys(CATEGORIES, 0)
+        for blk, nbytes in snap:
+            eob[CATEGORIES[blk.cat]] += nbytes
+        out.update(n_params=n_params, end_of_backward=eob, after_step=tracker.breakdown(), peak=tracker.peak,
                    peak_breakdown=tracker.peak_breakdown, peak_phase=tracker.peak_phase,
                    phase_peaks=tracker.phase_peaks, comm=comm.as_dict(), comm_by_phase=_by_phase(comm.log, marks),
                    host_link={"to_host": link.to_host, "to_device": link.to_device} if host_tensors else None)
@@ -221,6 +231,9 @@ def deepspeed_run(stage: int, steps: int = 2, offload: bool = False, textbook_ze
         ts += [v for s in opt.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         return ts
     out = _loop("deepspeed", stage, build, steps, host_tensors if offload and stage in (1, 2) else None)
+    if offload and stage in (1, 2):                       # bytes of the buffers kept on the host
+        out["host_bytes"] = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+                                 for t in host_tensors()}.values())
     out["offload"] = offload
     out["textbook_zero3"] = textbook_zero3
     box["engine"].destroy()
@@ -282,9 +295,10 @@ def hf_trainer_run(stage: int = 2, steps: int = 2) -> dict:
             return {"input_ids": ids, "labels": ids}
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config())
+    n_params = sum(p.numel() for p in model.parameters())
     args = TrainingArguments(output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "memlab-hf"),
                              per_device_train_batch_size=2, max_steps=steps, learning_rate=1e-3, bf16=True,
-                             deepspeed=config, use_cpu=not torch.cuda.is_available(), report_to=[],
+                             deepspeed=config, use_cpu=_device().type == "cpu", report_to=[],
                              save_strategy="no", logging_steps=1, disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens())
     result = trainer.train()
@@ -292,6 +306,7 @@ def hf_trainer_run(stage: int = 2, steps: int = 2) -> dict:
     from memlab.zero import deepspeed_buffers
     bufs = deepspeed_buffers(engine.optimizer, next(engine.module.parameters()).device.type)
     return {"loss": result.training_loss, "stage": engine.zero_optimization_stage(),
+            "n_params": n_params,
             "optimizer": type(engine.optimizer).__name__, "world_size": dist.get_world_size(),
             "buffers": {k: {"bytes": v["bytes"], "role": v["role"]} for k, v in bufs.items()}}
 
