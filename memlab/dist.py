@@ -12,13 +12,19 @@ the functions it is sent. A function must be importable by another process:
 defined at the top level of a .py file (a function typed into a notebook cell is
 not). What it returns must pickle (plain data: numbers, strings, dicts, lists).
 
+The ranks are forked from a server process (multiprocessing's "forkserver") that has
+imported torch, memlab and the group's `preload` modules once, so a rank starts in
+milliseconds instead of re-importing everything; the server lives as long as the Python
+process that started it.
+
 Failures are loud and leave nothing behind: when a rank raises, `RankError` names
 the rank and carries its traceback; when a rank does not answer within `timeout`
 seconds, the ranks still running are named. Either way the whole group is killed
-(each rank leads its own process group, so `os.killpg` also takes its children),
-and a rank whose parent dies kills itself (Linux parent-death signal). What the
-ranks print (DeepSpeed's logging, warnings) goes to a log per rank, `ranks.log(r)`,
-not into the notebook.
+(each rank leads its own process group, so `os.killpg` also takes its children).
+If the Python process that started the group dies, the fork server exits and the
+ranks die with it (Linux parent-death signal; elsewhere they end when their pipe
+closes, between jobs). What the ranks print (DeepSpeed's logging, warnings) goes to
+a log per rank, `ranks.log(r)`, not into the notebook.
 
 `CommCounter` (from memlab.comm) counts the bytes of every collective a rank issues.
 """

@@ -1,5 +1,5 @@
 """ZeRO by the numbers: communication volumes, DeepSpeed's buffers by role, host-link bytes,
-and a full-size per-GPU peak on the virtual GPU.
+and a tracker that counts FSDP2's shards (DTensors) by their local bytes.
 
 Notation (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
 Parameter Models", Sec. 3 and 7): Psi parameters, N data-parallel ranks, mixed-precision
@@ -15,7 +15,6 @@ import re
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
 from torch.utils._pytree import tree_flatten
 
 from .track import _LIFT_FRESH, _T, MemoryTracker, _storages, active_trackers

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from .models import GPT, GPTConfig
 from .track import phase, watch
 
-__all__ = ["zero_rank_step", "DEEPSPEED_REDUCE_BUCKET"]
+__all__ = ["zero_rank_step", "per_gpu_peaks", "DEEPSPEED_REDUCE_BUCKET"]
 
 DEEPSPEED_REDUCE_BUCKET = int(5e8)   # elements: DeepSpeed's default zero_optimization.reduce_bucket_size
 
@@ -136,3 +136,50 @@ def zero_rank_step(cfg: GPTConfig, stage: int, n_gpus: int, batch: int, seq: int
         watch(tensors=[grads32], category="gradients")
         del grads32, scratch
     return {"n_params": n_params, "partition": part}
+
+
+def _partitioned_bytes_per_element(stage: int, phase_name: str) -> int:
+    """Bytes per partition element that zero_rank_step holds as flat 1/N buffers in a phase."""
+    if stage == 0:
+        return 0
+    per = 12 + (2 if stage >= 2 else 0) + (2 if stage == 3 else 0)     # master+m+v, grad partition, weights
+    return per + (8 if phase_name == "step" else 0)                      # fp32 gradients + Adam's scratch
+
+
+def per_gpu_peaks(cfg: GPTConfig, batch: int, seq: int, n_gpus=(1, 2, 4, 8, 16, 32, 64), stages=(0, 1, 2, 3),
+                  bucket: int = DEEPSPEED_REDUCE_BUCKET) -> dict:
+    """Per-GPU peak bytes of `zero_rank_step` for every stage and number of GPUs, from 2 x len(stages)
+    virtual-GPU runs.
+
+    Every layer of the model is the same, so the peak of each phase is linear in the number of
+    layers: it is measured with the model cut to 1 and 2 layers (at N = 1) and extended to
+    cfg.n_layer. The bytes that depend on N are flat 1/N buffers (`_partitioned_bytes_per_element`),
+    so each phase's peak moves to N ranks by exactly those bytes. The step's peak is the largest
+    phase. Returns {"n_params": ..., stage: {N: {"peak": bytes, "phase": name, "phases": {...}}}}.
+    """
+    from dataclasses import replace
+    from .virtual_gpu import VirtualGPU
+    _check(cfg, 0, 1, batch, seq, bucket)
+    if not n_gpus or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in n_gpus):
+        raise ValueError(f"n_gpus must be positive ints, got {n_gpus!r}")
+    if any(s not in (0, 1, 2, 3) for s in stages):
+        raise ValueError(f"stages must be among 0, 1, 2, 3, got {stages!r}")
+    gpu = VirtualGPU(capacity_gb=2**20)                  # big enough to measure anything
+    L = cfg.n_layer
+    out: dict = {}
+    for stage in stages:
+        runs = [gpu.run(zero_rank_step, replace(cfg, n_layer=k), stage, 1, batch, seq, bucket) for k in (1, 2)]
+        psi1, psi2 = (r.value["n_params"] for r in runs)
+        psi = psi1 + (L - 1) * (psi2 - psi1)
+        out["n_params"] = psi
+        p1, p2 = (r.phase_peaks for r in runs)
+        at1 = {ph: p1[ph]["total"] + (L - 1) * (p2[ph]["total"] - p1[ph]["total"])
+               for ph in ("states", "forward", "backward", "step")}
+        table = {}
+        for n in n_gpus:
+            phases = {ph: v - _partitioned_bytes_per_element(stage, ph) * (psi - math.ceil(psi / n))
+                      for ph, v in at1.items()}
+            top = max(phases, key=phases.get)
+            table[n] = {"peak": phases[top], "phase": top, "phases": phases}
+        out[stage] = table
+    return out

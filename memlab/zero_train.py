@@ -115,8 +115,9 @@ def _batch(device, step):
 
 
 def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
-    """Build under a tracker, train `steps` steps, measure the last. `build()` returns
-    (forward(x) -> loss, backward(loss), step(), label(), buffers() -> dict or None)."""
+    """Build under a tracker, train `steps` steps, measure the last. `build(device)` returns
+    (forward(x) -> loss, backward(loss), step(), label(), buffers() -> dict or None, n_params);
+    label() tells the tracker the roles of the framework's tensors, after every phase."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an int >= 2 (the first step creates the optimizer state), got {steps!r}")
     device = _device()
@@ -144,9 +145,11 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
                     marks.append(len(comm.log))
                     # what is live when autograd's backward ends, before any post-backward reduction of the
                     # framework; categorised at the end, when every storage has its final role
-                    engine = torch.autograd.Variable._execution_engine
-                    loss.register_hook(lambda g: engine.queue_callback(
-                        lambda: snap.extend((b, b.nbytes) for b in tracker._blocks.values())) or g)
+                    def at_backward_end(grad):
+                        torch.autograd.Variable._execution_engine.queue_callback(
+                            lambda: snap.extend((b, b.nbytes) for b in tracker._blocks.values()))
+                        return grad
+                    loss.register_hook(at_backward_end)
                 backward(loss)
             label()
             if last:
@@ -195,6 +198,7 @@ def ddp_run(steps: int = 2, gradient_as_bucket_view: bool = False) -> dict:
         ddp = DDP(model, gradient_as_bucket_view=gradient_as_bucket_view)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
         watch(model, opt)
+
         def label():
             label_as([p.grad for p in model.parameters() if p.grad is not None], "gradients")
         return (lambda x: ddp(x, x), lambda loss: loss.backward(), lambda: (opt.step(), opt.zero_grad()),

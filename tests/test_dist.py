@@ -283,3 +283,38 @@ def test_training_script_runs_under_torchrun():
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert sorted(x["rank"] for x in lines) == [0, 1]
     assert all(x["stage"] == 2 and x["world_size"] == 2 and x["device"] == "cpu" for x in lines)
+
+
+def test_a_deferred_group_starts_at_its_first_run():
+    g = RankGroup(2, wait=False, timeout=30)
+    try:
+        assert not g._procs, "wait=False must not start the ranks yet"
+        assert g.run(fns.whoami, 7)[1]["x"] == 7
+    finally:
+        g.close()
+    assert g.closed and all(_gone(p) for p in [p.pid for p in g._procs])
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_per_gpu_peaks_extrapolation_matches_a_direct_run(stage):
+    from memlab import VirtualGPU
+    from memlab.zero_scale import per_gpu_peaks
+    cfg = GPTConfig.tiny(tie_weights=False, n_layer=5, n_embd=64, n_head=2, block_size=64)
+    est = per_gpu_peaks(cfg, 2, 64, n_gpus=(1, 3), stages=(stage,), bucket=4096)
+    for n in (1, 3):
+        direct = VirtualGPU(capacity_gb=64).run(zero_rank_step, cfg, stage, n, 2, 64, 4096)
+        assert abs(est[stage][n]["peak"] - direct.peak) <= 5e-3 * direct.peak, (n, est[stage][n], direct.peak)
+        assert est[stage][n]["phase"] == direct.peak_phase
+    with pytest.raises(ValueError, match="n_gpus"):
+        per_gpu_peaks(cfg, 2, 64, n_gpus=(0,))
+
+
+def test_label_and_resize_following_restore_and_check():
+    from memlab.zero import label
+    with pytest.raises(TypeError, match="tensors"):
+        with MemoryTracker(device="cpu"):
+            label([3], "gradients")
+    original = torch.UntypedStorage.resize_
+    with follow_storage_resizes():
+        assert torch.UntypedStorage.resize_ is not original
+    assert torch.UntypedStorage.resize_ is original
