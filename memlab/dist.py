@@ -12,10 +12,10 @@ the functions it is sent. A function must be importable by another process:
 defined at the top level of a .py file (a function typed into a notebook cell is
 not). What it returns must pickle (plain data: numbers, strings, dicts, lists).
 
-The ranks are forked from a server process (multiprocessing's "forkserver") that has
-imported torch, memlab and the group's `preload` modules once, so a rank starts in
-milliseconds instead of re-importing everything; the server lives as long as the Python
-process that started it.
+On gloo the ranks are forked from a server process (multiprocessing's "forkserver")
+that has imported torch, memlab and the group's `preload` modules once, so a rank starts
+in milliseconds instead of re-importing everything; the server lives as long as the
+Python process that started it. nccl ranks start as fresh interpreters ("spawn").
 
 Failures are loud and leave nothing behind: when a rank raises, `RankError` names
 the rank and carries its traceback; when a rank does not answer within `timeout`
@@ -174,10 +174,11 @@ class RankGroup:
         threads: torch threads per rank (1 keeps N ranks from fighting over a few cores).
         env: extra environment variables for the ranks. On gloo DS_ACCELERATOR=cpu is set so
             DeepSpeed picks its CPU accelerator without guessing (and without warning about it).
-        preload: modules every rank needs (e.g. ("deepspeed",)). Ranks are forked from one
-            server process (multiprocessing's "forkserver"), started by the first RankGroup of
-            this Python process: modules it preloads cost one import for all ranks of all groups
-            instead of one per rank. A later group imports what the server lacks in each rank.
+        preload: modules every rank needs (e.g. ("deepspeed",)). gloo ranks are forked from one
+            server process (multiprocessing's "forkserver"), started by the first gloo RankGroup
+            of this Python process: modules it preloads cost one import for all ranks of all
+            groups instead of one per rank. A later group imports what the server lacks in each
+            rank, as nccl ranks (fresh interpreters) do.
         wait: False returns at once: the fork server imports `preload` in the background and
             the ranks start at the first `run` (or `wait_ready()`), so a notebook can compute
             something else meanwhile.
@@ -206,8 +207,11 @@ class RankGroup:
         self._logdir = tempfile.mkdtemp(prefix="memlab-ranks-")
         self._procs, self._conns, self.closed = [], [], False
         import multiprocessing as mp
-        self._ctx = mp.get_context("forkserver")        # one clean server imports torch once; ranks fork from it
-        self._ctx.set_forkserver_preload(["torch", "memlab", *preload])
+        # gloo: one clean server imports torch (and `preload`) once, ranks fork from it. nccl: each rank is a
+        # fresh interpreter ("spawn"), so no CUDA or DeepSpeed state chosen for CPU ranks can leak into GPU ranks
+        self._ctx = mp.get_context("forkserver" if backend == "gloo" else "spawn")
+        if backend == "gloo":
+            self._ctx.set_forkserver_preload(["torch", "memlab", *preload])
         self._base = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": str(world_size),
                       "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads)}
         if backend == "gloo":
@@ -215,9 +219,10 @@ class RankGroup:
         self._base.update(env or {})
         self._threads, self._preload = threads, tuple(preload)
         self._start_timeout, self._ready = float(start_timeout), False
-        with self._server_env():
-            from multiprocessing import forkserver
-            forkserver.ensure_running()                  # the server imports `preload` now, in the background
+        if backend == "gloo":
+            with self._server_env():
+                from multiprocessing import forkserver
+                forkserver.ensure_running()              # the server imports `preload` now, in the background
         if wait:
             self.wait_ready()
 
