@@ -325,7 +325,7 @@ class RankGroup:
         self.close()
 
     def __repr__(self):
-        state = "closed" if self.closed else "running"
+        state = "closed" if self.closed else ("running" if self._ready else "starting at its first run")
         return f"RankGroup(world_size={self.world_size}, backend={self.backend!r}, {state})"
 
     # -------------------------------------------------------------- internals
