@@ -8,7 +8,8 @@ The same functions run three ways, unchanged:
         torchrun --nproc_per_node 4 memlab/zero_train.py --framework deepspeed --stage 3
   * or with DeepSpeed's launcher:
         deepspeed --num_gpus 4 memlab/zero_train.py --framework deepspeed --stage 3
-Run as a script, every rank prints one line of JSON with what it measured.
+Run as a script, every rank prints one line of JSON with what it measured. Without GPUs both
+launchers run it on CPU ranks with gloo (for `deepspeed`, set DS_ACCELERATOR=cpu).
 
 What a run measures (on its own rank), for the last of `steps` training steps (the first one
 creates the optimizer state): the live bytes by category when autograd's backward pass ends
@@ -165,7 +166,7 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
                     torch.cuda.synchronize()
                 out["step_seconds"] = time.perf_counter() - t0          # wall time of the measured step
                 out["step_cpu_seconds"] = time.process_time() - c0      # this rank's CPU time in it
-                out["loss"] = float(loss)
+                out["loss"] = float(loss.detach())
         eob = dict.fromkeys(CATEGORIES, 0)
         for blk, nbytes in snap:
             eob[CATEGORIES[blk.cat]] += nbytes
