@@ -8,6 +8,7 @@ Every answer is plain data: ("ready" | "ok" | "error", rank, payload).
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import time
@@ -57,6 +58,7 @@ def _rank_main(rank, world_size, backend, conn, env, threads, log_path, preload=
             torch.cuda.set_device(rank)
             device = "cuda"
         dist.init_process_group(backend, rank=rank, world_size=world_size)
+        gc.freeze()                                       # the imported modules' objects: no garbage collector passes
         conn.send(("ready", rank, None))
     except BaseException as e:                            # noqa: BLE001 - report anything to the parent
         conn.send(("error", rank, (f"{type(e).__name__}: {e}", traceback.format_exc())))

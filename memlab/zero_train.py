@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -154,6 +155,7 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
                 backward(loss)
             label()
             if last:
+                gc.collect()            # buffers a framework dropped in a reference cycle: gone now, not at GC's whim
                 out["before_step"] = tracker.breakdown()
                 out["buffers"] = buffers()
             with phase("step"):

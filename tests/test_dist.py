@@ -261,10 +261,11 @@ def test_deepspeed_and_fsdp2_per_rank_bytes_and_comm():
     psi = runs[0][0]["n_params"]
     for s, res in runs.items():
         for r in res:
-            states = sum(r["before_step"][c] for c in ("parameters", "gradients", "optimizer"))
+            live = sum(r["end_of_backward"].values())        # everything, whatever its label
             formula = zero_model_state_bytes(psi, 2, s)
-            bucket = 2 * 2**17 if s == 3 else 0               # stage 3 keeps its reduce bucket allocated
-            assert abs(states - formula - bucket) < 0.03 * formula, (s, r["rank"], states, formula)
+            bucket = 2 * 2**17 if s else 0                    # one reduce bucket of 2^17 bf16 elements
+            extra = live - formula - bucket                   # partition padding, the batch, Adam's step counters
+            assert 0 <= extra < 0.03 * formula + 4096, (s, r["rank"], live, formula)
     dp = sum(c["sent"] for c in runs[0][0]["comm"].values())
     z3 = sum(c["sent"] for c in runs[3][0]["comm"].values())
     assert 1.3 < z3 / dp < 1.6, f"ZeRO-3 should move about 1.5x data parallel, measured {z3 / dp:.2f}x"
