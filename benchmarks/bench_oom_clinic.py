@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
-from autograder.checks import ex04  # noqa: E402
+from memlab import clinic  # noqa: E402
 from memlab.models import GPT, GPTConfig  # noqa: E402
 
 GiB = 2**30
@@ -61,7 +61,7 @@ def fixed_scripts() -> dict:
 def steady_peak(script, gpu):
     """(fits, steady-state peak in bytes, seconds, VirtualRun) of one full-size run of `script` on `gpu`."""
     t0 = time.perf_counter()
-    run, steady, _ = ex04.run_full_size(script, gpu)
+    run, steady, _ = clinic.run_full_size(script, gpu)
     return run.fits, steady, time.perf_counter() - t0, run
 
 
@@ -69,7 +69,7 @@ def clinic_table() -> list[str]:
     ns = fixed_scripts()
     rows = ["| script | GPU | version | outcome | steady-state peak | headroom | seconds |",
             "|---|---|---|---|---|---|---|"]
-    for task, case in ex04.CASES.items():
+    for task, case in clinic.CASES.items():
         gpu = memlab.VirtualGPU(case.gpu)
         for version, fn in (("as it came in", case.original), ("fixed", ns[case.fixed_name])):
             fits, peak, seconds, run = steady_peak(fn, gpu)

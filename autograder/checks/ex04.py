@@ -8,7 +8,7 @@ A fixed clinic script (tasks 4.1-4.4) is graded on both halves, as two kinds of 
    judge time, and does the original's work;
 2. "tiny": `run` runs it on a tiny instance with fresh random data and returns the initial weights, the
    gradients handed to the optimizer (projected on fixed random directions), the hyperparameters and the
-   updated weights (or the losses); `judge` runs the original script (the patient, ex04_kit.py) on the
+   updated weights (or the losses); `judge` runs the original script (the patient, memlab/clinic.py) on the
    same data and compares.
 Tasks 4.5 and 4.6: see ex04_tools.py.
 """
@@ -23,7 +23,7 @@ import torch
 import memlab
 
 from .common import Task, expect_type, mb, tasks, torch_seed
-from .ex04_kit import (CASES, HEADROOM, MODELS, SEQ_LEN, Case, _Recorder, build_gpt, evaluate,  # noqa: F401
+from memlab.clinic import (CASES, HEADROOM, MODELS, SEQ_LEN, Case, _Recorder, build_gpt, evaluate,  # noqa: F401
                        random_tokens, run_full_size, steady_peak, train_1b3, train_accumulated, train_big_batch)
 from .ex04_tools import LEAK_TASK, MAX_BATCH_TASK
 

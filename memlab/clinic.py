@@ -1,8 +1,8 @@
-"""Exercise 04's clinic kit: the models, the data, the four patients as they came in, and the recorder
-that watches what a script does.
+"""The OOM clinic of lesson and exercise 04: the models, the data, the four patients as they came in, and
+the recorder that watches what a script does (used by exercise 04's checks and by the benchmarks).
 
-The exercise notebook imports `build_gpt` and `random_tokens` (through checks/ex04.py), so the
-learner's scripts and the grader build exactly the same models. Each original script runs out of memory
+The exercise notebook imports `build_gpt` and `random_tokens` (through autograder/checks/ex04.py), so
+the learner's scripts, the grader and benchmarks/bench_oom_clinic.py build exactly the same models. Each original script runs out of memory
 at full size on a named virtual GPU; at "tiny" size the same code runs on real CPU tensors. The
 originals are the grader's reference for the maths of each fix (they are the patients, not solutions).
 """
@@ -16,9 +16,9 @@ import torch
 import torch.optim.optimizer as _optimizer_module
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-import memlab
-from memlab.models import GPT, GPTConfig
-from memlab.track import active_trackers
+import memlab  # the patients call memlab.phase / memlab.watch, as the notebook's scripts do
+from .models import GPT, GPTConfig
+from .track import active_trackers
 
 __all__ = ["MODELS", "SEQ_LEN", "HEADROOM", "CASES", "Case", "build_gpt", "random_tokens", "run_full_size",
            "train_big_batch", "evaluate", "train_accumulated", "train_1b3"]
