@@ -181,7 +181,20 @@ def _flash_cases(hidden, r):
         return [{"seed": 3, "lead": [2], "tq": 40, "tk": 40, "d": 8, "tile": 16, "causal": True, "steep": False}]
     cases = [_attn_case(r, False), _attn_case(r, True), _attn_case(r, False, tq=r.randint(70, 90),
                                                                      tk=r.randint(20, 30), lead=[2])]
-    return [dict(c, steep=False) for c in cases]
+    # the peak of forward + backward, measured at T and 2T: linear in T, not quadratic
+    growth = {"seed": r.randrange(2**31), "lead": [2], "tq": 128, "tk": 128, "d": 8, "tile": 16,
+              "causal": r.random() < 0.5, "growth": True}
+    return [dict(c, steep=False) for c in cases + [growth]]
+
+
+def _peak_fwd_bwd(FlashAttention, case, t):
+    """Tracker peak of FlashAttention forward + backward at sequence length t (inputs made before tracking)."""
+    c = dict(case, tq=t, tk=t)
+    q, k, v = _qkv(c, requires_grad=True)
+    tracker = memlab.MemoryTracker()
+    with tracker:
+        FlashAttention.apply(q, k, v, c["causal"]).sum().backward()
+    return tracker.peak
 
 
 def _flash_run(case, FlashAttention):
@@ -202,8 +215,10 @@ def _flash_run(case, FlashAttention):
         dout = torch.randn(out.shape, generator=g)
         out.backward(dout)
     grads = [t.grad.tolist() if t.grad is not None else None for t in (q, k, v)]
+    peaks = [_peak_fwd_bwd(FlashAttention, case, t) for t in (case["tq"], 2 * case["tq"])] \
+        if case.get("growth") else None
     return {"out": out.tolist(), "grads": grads, "saved": saved, "fwd_largest": fwd_largest,
-            "largest": mode.largest, "ops": sorted(mode.ops)}
+            "largest": mode.largest, "ops": sorted(mode.ops), "peaks": peaks}
 
 
 def _flash_judge(case, got):
@@ -233,6 +248,12 @@ def _flash_judge(case, got):
                              f"and the logsumexp {lead + [case['tq']]} with ctx.save_for_backward, and recompute "
                              f"the probabilities in backward")
     _no_full_matrix(case, got["largest"])
+    if case.get("growth"):
+        p1, p2 = (expect_type("peak", p, int) for p in got["peaks"])
+        # linear terms double with T, T x T terms quadruple; at these sizes a kept score matrix gives > 3x
+        assert p2 <= 2.6 * p1, (f"the peak of forward + backward grew {p2 / p1:.2f}x when T doubled "
+                                f"({case['tq']} -> {2 * case['tq']}): O(T) memory grows about 2x. Something of "
+                                f"size T_q x T_k is alive during the step")
 
 
 TASKS = tasks(
