@@ -242,7 +242,6 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
         log(sandbox.warning())
     gradebook.ensure_assignment(course.db_url, ex)
     limits = Limits(wall_s=timeout, memory_bytes=int(memory_gb * 2**30))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     learners = {}
     for sid, path in found.items():
         try:
@@ -257,7 +256,7 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
             (copies / f"{sid}.ipynb").write_text(__import__("json").dumps(nb), encoding="utf-8")
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futs = {pool.submit(grade_notebook, copies / f"{sid}.ipynb", ex, stage=stage, sandbox=sandbox,
-                                limits=limits, threads=threads): sid for sid in learners}
+                                limits=limits): sid for sid in learners}
             for i, fut in enumerate(as_completed(futs), 1):
                 sid = futs[fut]
                 try:

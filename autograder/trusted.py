@@ -161,7 +161,7 @@ def python_binds() -> list[Path]:
 
 
 def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sandbox | None = None,
-                   limits: Limits | None = None, threads: int | None = None, case_timeout: float = 300,
+                   limits: Limits | None = None, case_timeout: float = 300,
                    keep: Path | None = None) -> Graded:
     """Grade one learner's notebook. Raises NotGradable for a file that is no notebook."""
     sandbox = sandbox or Sandbox()
@@ -186,7 +186,7 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
     with tempfile.TemporaryDirectory(prefix="memlab-learner-") as tmp:
         scratch = Path(tmp)
         (scratch / "job.json").write_text(json.dumps(job))
-        n = str(threads or max(1, os.cpu_count() or 1))
+        n = "1"     # one thread, as the judge uses: the same summation order on both sides
         env = {"PYTHONPATH": str(stage), "HOME": str(scratch), "TMPDIR": "/tmp" if sandbox.bwrap else tmp,
                "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(scratch / ".mpl"), "PYTHONDONTWRITEBYTECODE": "1",
                "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "LANG": "C.UTF-8",
@@ -212,6 +212,18 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
 
 
 def _judge_all(plan: dict, points: dict, results: dict, graded: Graded) -> None:
+    """Judge with one CPU thread, as the learner's code ran: float reductions then add up in the same order on
+    both sides, so an optimizer that divides by tiny gradients (Adam) cannot amplify a summation-order difference."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _judge_cases(plan, points, results, graded)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> None:
     for gid, (task, cases) in plan.items():
         graded.scores[gid] = (points[gid], points[gid])
         for i, case in enumerate(cases):
