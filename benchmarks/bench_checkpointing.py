@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
-from memlab.checkpointing import activation_peak, block_stack  # noqa: E402
+from memlab.checkpointing import activation_peak, block_stack, plan_peak  # noqa: E402
 from memlab.estimate import chen_segment_peak  # noqa: E402
 
 SCHEMES = ("none", "every layer", "sqrt(N) segments", "planner")
@@ -41,18 +41,6 @@ def sqrt_segments(n: int) -> list[tuple[int, int]]:
     k = math.isqrt(n - 1) + 1 if n > 1 else 1
     bounds = [round(i * n / k) for i in range(k + 1)]
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def plan_peak(act_bytes, keep) -> int:
-    """Peak bytes of a plan under exercise 02's cost model: kept blocks' bytes plus the current recomputed run."""
-    kept = peak = run = 0
-    for m, k in zip(act_bytes, keep):
-        if k:
-            kept, run = kept + m, 0
-        else:
-            run += m
-            peak = max(peak, kept + run)
-    return max(peak, kept)
 
 
 def search_plan(act_bytes, cost, budget) -> list[bool]:

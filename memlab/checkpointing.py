@@ -162,3 +162,17 @@ def block_stack(n: int, d: int = 32, hidden: int | None = None) -> nn.Sequential
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     return nn.Sequential(*(ResidualMLPBlock(d, hidden) for _ in range(n)))
+
+
+def plan_peak(act_bytes, keep) -> int:
+    """Peak activation bytes of a checkpoint plan under exercise 02's cost model: the bytes of the kept
+    layers plus the bytes of the current run of recomputed layers (`keep[i]` True: layer i keeps its
+    activations). Used by exercise 02's checks and benchmarks/bench_checkpointing.py."""
+    kept = peak = run = 0
+    for m, k in zip(act_bytes, keep):
+        if k:
+            kept, run = kept + m, 0
+        else:
+            run += m
+            peak = max(peak, kept + run)
+    return max(peak, kept)

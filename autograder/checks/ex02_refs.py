@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from memlab.models import GPT, Block
+from memlab.checkpointing import plan_peak  # the cost model, shared with benchmarks/bench_checkpointing.py
 
 RTOL = 1e-5                       # checkpointing repeats the same arithmetic
 
@@ -135,16 +136,6 @@ class RefCheckpointedGPT(GPT):
 
 
 # ----------------------------------------------------------------------------- the planner's cost model
-def plan_peak(act_bytes, keep) -> int:
-    """Peak bytes of a plan under the exercise's cost model."""
-    kept = peak = run = 0
-    for m, k in zip(act_bytes, keep):
-        if k:
-            kept, run = kept + m, 0
-        else:
-            run += m
-            peak = max(peak, kept + run)
-    return max(peak, kept)
 
 
 def plan_cost(recompute_cost, keep) -> int:
