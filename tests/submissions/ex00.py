@@ -3,33 +3,20 @@ alternatives that must keep every point. Each is the solution with one mistake m
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
+from . import both, edit, solution_cells
 
 ASSIGNMENT = "00_memory_hierarchy"
-_SRC = Path(__file__).resolve().parents[2] / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-_CELLS = {c["metadata"]["nbgrader"]["grade_id"]: re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", "".join(c["source"]))
-          for c in json.loads(_SRC.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("solution")}
+_CELLS = solution_cells(ASSIGNMENT)
 S1, S2, S3, S4 = "task0_1_op_cost", "task0_2_roofline", "task0_3_copy_bandwidth", "task0_4_new_storage_bytes"
 COST, ROOF, BW, STORE = (_CELLS[k] for k in (S1, S2, S3, S4))
 
 
-def _edit(code: str, old: str, new: str) -> str:
-    assert old in code, f"the solution no longer contains {old!r}: update this wrong submission"
-    return code.replace(old, new)
-
-
-def _both(task):
-    return [f"{task}_visible", f"{task}_hidden"]
-
-
-ALL1, ALL2, ALL3, ALL4 = _both(S1), _both(S2), _both(S3), _both(S4)
+ALL1, ALL2, ALL3, ALL4 = both(S1), both(S2), both(S3), both(S4)
 
 
 def _only(task, lose):
     """must_lose `lose`, must_keep every cell of the other tasks."""
-    others = [c for t in (S1, S2, S3, S4) if t != task for c in _both(t)]
+    others = [c for t in (S1, S2, S3, S4) if t != task for c in both(t)]
     return {"must_lose": lose, "must_keep": others}
 
 
@@ -90,34 +77,34 @@ def new_storage_bytes(fn, *inputs):
 
 WRONG = {
     # task 0.1 --------------------------------------------------------------
-    "matmul_no_factor_2": {"replace": {S1: _edit(COST, "return 2 * batch * m * n * k,", "return batch * m * n * k,")},
+    "matmul_no_factor_2": {"replace": {S1: edit(COST, "return 2 * batch * m * n * k,", "return batch * m * n * k,")},
                            **_only(S1, ALL1)},
-    "bytes_without_inputs": {"replace": {S1: _edit(_edit(COST, "(math.prod(a) + math.prod(b) + batch * m * n) * size",
+    "bytes_without_inputs": {"replace": {S1: edit(edit(COST, "(math.prod(a) + math.prod(b) + batch * m * n) * size",
                                                          "batch * m * n * size"),
                                                    "(sum(math.prod(s) for s in shapes) + out) * size", "out * size")},
                              **_only(S1, ALL1)},
-    "matmul_b_always_2d": {"replace": {S1: _edit(COST, "math.prod(a) + math.prod(b) +", "math.prod(a) + k * n +")},
+    "matmul_b_always_2d": {"replace": {S1: edit(COST, "math.prod(a) + math.prod(b) +", "math.prod(a) + k * n +")},
                            **_only(S1, ALL1)},
     "broadcast_inputs_read_at_output_size": {
-        "replace": {S1: _edit(COST, "(sum(math.prod(s) for s in shapes) + out) * size", "(len(shapes) + 1) * out * size")},
+        "replace": {S1: edit(COST, "(sum(math.prod(s) for s in shapes) + out) * size", "(len(shapes) + 1) * out * size")},
         **_only(S1, ALL1)},
-    "layer_norm_without_weight_and_bias": {"replace": {S1: _edit(COST, "(2 * n + 2 * x[-1]) * size", "2 * n * size")},
+    "layer_norm_without_weight_and_bias": {"replace": {S1: edit(COST, "(2 * n + 2 * x[-1]) * size", "2 * n * size")},
                                            **_only(S1, ALL1)},
     # task 0.2 --------------------------------------------------------------
-    "ridge_from_vector_peak": {"replace": {S2: _edit(ROOF, "ridge = peak / bw", "ridge = gpu['vector_flops'] / bw")},
+    "ridge_from_vector_peak": {"replace": {S2: edit(ROOF, "ridge = peak / bw", "ridge = gpu['vector_flops'] / bw")},
                                **_only(S2, ALL2)},
-    "vector_peak_always": {"replace": {S2: _edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:',
+    "vector_peak_always": {"replace": {S2: edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:',
                                                  "if False:")},
                            **_only(S2, ALL2)},
-    "tensor_peak_for_every_op": {"replace": {S2: _edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:',
+    "tensor_peak_for_every_op": {"replace": {S2: edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:',
                                                        'if name in gpu["tensor_flops"]:')},
                                  **_only(S2, ALL2)},
     # task 0.3 --------------------------------------------------------------
-    "cold_first_run": {"replace": {S3: _edit(BW, "    for _ in range(warmup):\n        dst.copy_(src)\n", "")},
+    "cold_first_run": {"replace": {S3: edit(BW, "    for _ in range(warmup):\n        dst.copy_(src)\n", "")},
                        **_only(S3, ALL3)},
-    "mean_of_times": {"replace": {S3: _edit(BW, "statistics.median(times)", "statistics.mean(times)")},
+    "mean_of_times": {"replace": {S3: edit(BW, "statistics.median(times)", "statistics.mean(times)")},
                       **_only(S3, ALL3)},
-    "one_timer_around_all_repeats": {"replace": {S3: _edit(BW, '''    times = []
+    "one_timer_around_all_repeats": {"replace": {S3: edit(BW, '''    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         dst.copy_(src)
@@ -128,14 +115,14 @@ WRONG = {
         dst.copy_(src)
     sync()
     return 2 * n_bytes * repeats / (time.perf_counter() - t0) / 1e9''')}, **_only(S3, ALL3)},
-    "bytes_counted_once": {"replace": {S3: _edit(BW, "return 2 * n_bytes /", "return n_bytes /")},
+    "bytes_counted_once": {"replace": {S3: edit(BW, "return 2 * n_bytes /", "return n_bytes /")},
                            **_only(S3, ALL3)},
     # task 0.4 --------------------------------------------------------------
     "reshape_always_free": {"replace": {S4: _BY_NAME}, **_only(S4, ALL4)},
-    "views_counted_as_copies": {"replace": {S4: _edit(STORE, "if st.data_ptr() not in owned:",
+    "views_counted_as_copies": {"replace": {S4: edit(STORE, "if st.data_ptr() not in owned:",
                                                       "if not any(t is x for x in inputs):")},
                                 **_only(S4, ALL4)},
-    "tensor_nbytes_not_storage": {"replace": {S4: _edit(STORE, "new[st.data_ptr()] = st.nbytes()",
+    "tensor_nbytes_not_storage": {"replace": {S4: edit(STORE, "new[st.data_ptr()] = st.nbytes()",
                                                         "new[st.data_ptr()] = t.nbytes")},
                                   **_only(S4, [f"{S4}_hidden"])},
     "counts_intermediates": {"replace": {S4: _ALL_ALLOCATIONS}, **_only(S4, [f"{S4}_hidden"])},
@@ -148,12 +135,12 @@ WRONG = {
 # correct alternatives: every point kept
 RIGHT = {
     # perf_counter imported by name, the lower median of a tensor of times
-    "timer_imported_by_name_torch_median": {"replace": {S3: "from time import perf_counter\n\n" + _edit(_edit(_edit(
+    "timer_imported_by_name_torch_median": {"replace": {S3: "from time import perf_counter\n\n" + edit(edit(edit(
         BW, "t0 = time.perf_counter()", "t0 = perf_counter()"), "times.append(time.perf_counter() - t0)",
         "times.append(perf_counter() - t0)"), "statistics.median(times)",
         "torch.tensor(times, dtype=torch.float64).median().item()")}},
     # the tensor-core peak looked up with .get
-    "peak_with_get": {"replace": {S2: _edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:\n'
+    "peak_with_get": {"replace": {S2: edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:\n'
                                                         '        peak = gpu["tensor_flops"][name]\n    else:\n'
                                                         '        peak = gpu["vector_flops"]',
                                                   'peak = gpu["tensor_flops"].get(name, gpu["vector_flops"]) '

@@ -3,21 +3,12 @@ alternatives that must keep every point. Each is the solution with one mistake m
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
+from . import both, edit, solution_cells
 
 ASSIGNMENT = "05_efficient_attention"
-_SRC = Path(__file__).resolve().parents[2] / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-_CELLS = {c["metadata"]["nbgrader"]["grade_id"]: re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", "".join(c["source"]))
-          for c in json.loads(_SRC.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("solution")}
+_CELLS = solution_cells(ASSIGNMENT)
 SOFTMAX, TILED, FLASH = (_CELLS[k] for k in ("task5_1_online_softmax", "task5_2_tiled_attention",
                                              "task5_3_flash_function"))
-
-
-def _edit(code: str, old: str, new: str) -> str:
-    assert old in code, f"the solution no longer contains {old!r}: update this wrong submission"
-    return code.replace(old, new)
 
 
 S1, S2, S3 = "task5_1_online_softmax", "task5_2_tiled_attention", "task5_3_flash_function"
@@ -26,24 +17,24 @@ ALL1, ALL2, ALL3 = [f"{S1}_visible", f"{S1}_hidden"], [f"{S2}_visible", f"{S2}_h
 
 WRONG = {
     # the running sum is not rescaled when a later block raises the max
-    "softmax_no_rescale": {"replace": {S1: _edit(SOFTMAX, "l = l * torch.exp(m - m_new) + ", "l = l + ")},
+    "softmax_no_rescale": {"replace": {S1: edit(SOFTMAX, "l = l * torch.exp(m - m_new) + ", "l = l + ")},
                            "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # the last, partial block is dropped
     "softmax_drops_partial_block": {
-        "replace": {S1: _edit(SOFTMAX, "range(0, x.shape[-1], block)", "range(0, x.shape[-1] - block + 1, block)")},
+        "replace": {S1: edit(SOFTMAX, "range(0, x.shape[-1], block)", "range(0, x.shape[-1] - block + 1, block)")},
         "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # calls the library softmax: right values, not the task
     "softmax_library": {"replace": {S1: "def online_softmax(x, block):\n    return torch.softmax(x, dim=-1)"},
                         "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # masks the future AFTER taking the tile's max: exp underflows when masked scores are large
-    "mask_after_max": {"replace": {S2: _edit(_edit(TILED, "            if is_causal:\n                future",
+    "mask_after_max": {"replace": {S2: edit(edit(TILED, "            if is_causal:\n                future",
                                                    "            m_new = torch.maximum(m, s.max(dim=-1).values)\n"
                                                    "            if is_causal:\n                future"),
                                              "            m_new = torch.maximum(m, s.max(dim=-1).values)\n"
                                              "            p =", "            p =")},
                        "must_lose": ALL2, "must_keep": ALL1},
     # query tiles stop before the last partial tile
-    "tiled_drops_partial_tile": {"replace": {S2: _edit(TILED, "range(0, tq, tile)", "range(0, tq - tile + 1, tile)")},
+    "tiled_drops_partial_tile": {"replace": {S2: edit(TILED, "range(0, tq, tile)", "range(0, tq - tile + 1, tile)")},
                                  "must_lose": ALL2, "must_keep": ALL1},
     # right values from the whole score matrix at once
     "tiled_full_matrix": {"replace": {S2: '''def tiled_attention(q, k, v, is_causal=False, tile=64):
@@ -55,21 +46,21 @@ WRONG = {
     return torch.exp(s - m) / l @ v, (m + torch.log(l)).squeeze(-1)'''},
                           "must_lose": ALL2, "must_keep": ALL1},
     # saves the probabilities for backward instead of recomputing them
-    "saves_probabilities": {"replace": {S3: _edit(FLASH, "ctx.save_for_backward(q, k, v, out, lse)",
+    "saves_probabilities": {"replace": {S3: edit(FLASH, "ctx.save_for_backward(q, k, v, out, lse)",
                                                   "p = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) "
                                                   "- lse[..., None])\n        ctx.save_for_backward(q, k, v, out, "
                                                   "lse, p)")},
                             "must_lose": ALL3, "must_keep": ALL1 + ALL2},
     # a backward that builds the full score matrix
-    "backward_full_matrix": {"replace": {S3: _edit(FLASH, "        D = (dout * out).sum(dim=-1)",
+    "backward_full_matrix": {"replace": {S3: edit(FLASH, "        D = (dout * out).sum(dim=-1)",
                                                    "        _S = q @ k.transpose(-1, -2)\n"
                                                    "        D = (dout * out).sum(dim=-1)")},
                              "must_lose": ALL3, "must_keep": ALL1 + ALL2},
     # forgets the D term: dS = P * dP
-    "backward_no_D": {"replace": {S3: _edit(FLASH, "ds = p * (dp - D[..., i:i + tile, None])", "ds = p * dp")},
+    "backward_no_D": {"replace": {S3: edit(FLASH, "ds = p * (dp - D[..., i:i + tile, None])", "ds = p * dp")},
                       "must_lose": ALL3, "must_keep": ALL1 + ALL2},
     # forgets the causal mask in backward
-    "backward_unmasked": {"replace": {S3: _edit(FLASH, "                if ctx.is_causal:\n                    future",
+    "backward_unmasked": {"replace": {S3: edit(FLASH, "                if ctx.is_causal:\n                    future",
                                                 "                if False:\n                    future")},
                           "must_lose": [f"{S3}_hidden", f"{S3}_visible"], "must_keep": ALL1 + ALL2},
 }

@@ -3,28 +3,17 @@ alternatives that must keep every point. Each is the solution with one mistake m
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
+
+from . import both, edit, solution_cells
 
 ASSIGNMENT = "07_qlora"
-_SRC = Path(__file__).resolve().parents[2] / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-_CELLS = {c["metadata"]["nbgrader"]["grade_id"]: re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", "".join(c["source"]))
-          for c in json.loads(_SRC.read_text())["cells"] if c["metadata"].get("nbgrader", {}).get("solution")}
+_CELLS = solution_cells(ASSIGNMENT)
 S1, S2, S3, S4 = "task7_1_nf4_quantize", "task7_2_double_quant", "task7_3_lora_linear", "task7_4_qlora_memory"
 NF4, DQ, LORA, MEM = (_CELLS[k] for k in (S1, S2, S3, S4))
 
 
-def _edit(code: str, old: str, new: str) -> str:
-    assert old in code, f"the solution no longer contains {old!r}: update this wrong submission"
-    return code.replace(old, new)
-
-
-def _all(s):
-    return [f"{s}_visible", f"{s}_hidden"]
-
-
-ALL1, ALL2, ALL3, ALL4 = _all(S1), _all(S2), _all(S3), _all(S4)
+ALL1, ALL2, ALL3, ALL4 = both(S1), both(S2), both(S3), both(S4)
 
 
 def _lose(task_ids, *lost):
@@ -34,11 +23,11 @@ def _lose(task_ids, *lost):
 
 WRONG = {
     # one absmax for the whole tensor instead of one per block
-    "absmax_whole_tensor": {"replace": {S1: _edit(NF4, "absmax = blocks.abs().amax(dim=1)",
+    "absmax_whole_tensor": {"replace": {S1: edit(NF4, "absmax = blocks.abs().amax(dim=1)",
                                                   "absmax = blocks.abs().max().expand(nb).clone()")},
                             **_lose(ALL1)},
     # the high and low nibbles swapped
-    "nibbles_swapped": {"replace": {S1: _edit(NF4, "packed = (codes[0::2] << 4) | codes[1::2]",
+    "nibbles_swapped": {"replace": {S1: edit(NF4, "packed = (codes[0::2] << 4) | codes[1::2]",
                                               "packed = (codes[1::2] << 4) | codes[0::2]")},
                         **_lose(ALL1)},
     # an evenly spaced int4 grid instead of NF4's normal-quantile levels
@@ -46,13 +35,13 @@ WRONG = {
                                                 "NF4_LEVELS = torch.linspace(-1, 1, 16)", NF4, flags=re.S)},
                          **_lose(ALL1)},
     # ties go to the upper level (>= instead of >)
-    "ties_upward": {"replace": {S1: _edit(NF4, "(scaled[:, None] > mids)", "(scaled[:, None] >= mids)")},
+    "ties_upward": {"replace": {S1: edit(NF4, "(scaled[:, None] > mids)", "(scaled[:, None] >= mids)")},
                     **_lose(ALL1)},
     # the last, partial block is dropped
-    "drops_partial_block": {"replace": {S1: _edit(NF4, "nb = -(-n // blocksize)", "nb = n // blocksize or 1")},
+    "drops_partial_block": {"replace": {S1: edit(NF4, "nb = -(-n // blocksize)", "nb = n // blocksize or 1")},
                             **_lose(ALL1)},
     # divides by a zero absmax: a block of zeros becomes NaN codes
-    "zero_block_nan": {"replace": {S1: _edit(NF4, "absmax.clamp(min=1e-38)[:, None]", "absmax[:, None]")},
+    "zero_block_nan": {"replace": {S1: edit(NF4, "absmax.clamp(min=1e-38)[:, None]", "absmax[:, None]")},
                        **_lose(["task7_1_nf4_quantize_hidden"])},
     # calls bitsandbytes instead of writing the quantization
     "nf4_library": {"replace": {S1: NF4 + '''
@@ -65,35 +54,35 @@ def nf4_quantize(x, blocksize=64):
     return p.flatten(), st.absmax
 '''}, **_lose(ALL1)},
     # double quantization without subtracting the mean
-    "dq_no_offset": {"replace": {S2: _edit(DQ, "y = absmax - offset", "y = absmax; offset = torch.tensor(0.0)")},
+    "dq_no_offset": {"replace": {S2: edit(DQ, "y = absmax - offset", "y = absmax; offset = torch.tensor(0.0)")},
                      **_lose(ALL2)},
     # bits per parameter forgetting to round the partial blocks up
-    "bpp_floor": {"replace": {S2: _edit(DQ, "blocks = -(-n // blocksize)", "blocks = n // blocksize")},
+    "bpp_floor": {"replace": {S2: edit(DQ, "blocks = -(-n // blocksize)", "blocks = n // blocksize")},
                   **_lose(["task7_2_double_quant_hidden"])},
     # scaling by alpha instead of alpha / r
-    "lora_alpha_not_over_r": {"replace": {S3: _edit(LORA, "self.scaling = alpha / r", "self.scaling = alpha")},
+    "lora_alpha_not_over_r": {"replace": {S3: edit(LORA, "self.scaling = alpha / r", "self.scaling = alpha")},
                               **_lose(ALL3)},
     # B initialised randomly: the model changes before training
-    "lora_B_random": {"replace": {S3: _edit(LORA, "self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))",
+    "lora_B_random": {"replace": {S3: edit(LORA, "self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))",
                                             "self.lora_B = nn.Parameter(torch.randn(base.out_features, r) * 0.01)")},
                       **_lose(ALL3)},
     # the base weight left trainable
-    "lora_base_trainable": {"replace": {S3: _edit(LORA, "            p.requires_grad_(False)",
+    "lora_base_trainable": {"replace": {S3: edit(LORA, "            p.requires_grad_(False)",
                                                   "            pass")},
                             **_lose(ALL3)},
     # merge() leaves the adapter on: the update is applied twice
-    "lora_merge_twice": {"replace": {S3: _edit(LORA, "            self.merged = True", "            pass")},
+    "lora_merge_twice": {"replace": {S3: edit(LORA, "            self.merged = True", "            pass")},
                          **_lose(ALL3)},
     # 4 bits per weight only: the block scales are forgotten
-    "qlora_no_scales": {"replace": {S4: _edit(MEM, "return -(-n // 2) + nb + 4 * -(-nb // 256) + 4",
+    "qlora_no_scales": {"replace": {S4: edit(MEM, "return -(-n // 2) + nb + 4 * -(-nb // 256) + 4",
                                               "return -(-n // 2)")},
                         **_lose(ALL4)},
     # checkpointing without the recomputed layer
-    "qlora_ckpt_no_recompute": {"replace": {S4: _edit(MEM, "kept = L * 2 * BT * C + layer if checkpointing",
+    "qlora_ckpt_no_recompute": {"replace": {S4: edit(MEM, "kept = L * 2 * BT * C + layer if checkpointing",
                                                       "kept = L * 2 * BT * C if checkpointing")},
                                 **_lose(ALL4)},
     # AdamW state in fp32 (8 bytes per parameter) and no step tensors
-    "qlora_adam_fp32": {"replace": {S4: _edit(MEM, '"optimizer": 4 * n_adapter + 4 * 14 * L',
+    "qlora_adam_fp32": {"replace": {S4: edit(MEM, '"optimizer": 4 * n_adapter + 4 * 14 * L',
                                               '"optimizer": 8 * n_adapter')},
                         **_lose(ALL4)},
 }
@@ -101,12 +90,12 @@ def nf4_quantize(x, blocksize=64):
 # correct alternatives: every point kept
 RIGHT = {
     # torch.bucketize against the midpoints (same tie rule), nibbles packed with arithmetic
-    "nf4_bucketize": {"replace": {S1: _edit(_edit(NF4, "codes = (scaled[:, None] > mids).sum(dim=1).to(torch.uint8)",
+    "nf4_bucketize": {"replace": {S1: edit(edit(NF4, "codes = (scaled[:, None] > mids).sum(dim=1).to(torch.uint8)",
                                                   "codes = torch.bucketize(scaled, mids).to(torch.uint8)"),
                                             "packed = (codes[0::2] << 4) | codes[1::2]",
                                             "packed = (codes[0::2].int() * 16 + codes[1::2].int()).to(torch.uint8)")}},
     # LoRA through two bias-free nn.Linear-like matmuls in the other order, F.dropout by hand
-    "lora_functional": {"replace": {S3: _edit(LORA, "return out + self.dropout(x) @ self.lora_A.T @ self.lora_B.T * "
+    "lora_functional": {"replace": {S3: edit(LORA, "return out + self.dropout(x) @ self.lora_A.T @ self.lora_B.T * "
                                                     "self.scaling",
                                               "h = F.linear(self.dropout(x), self.lora_A)\n"
                                               "        return out + self.scaling * F.linear(h, self.lora_B)")}},
