@@ -161,8 +161,7 @@ def python_binds() -> list[Path]:
 
 
 def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sandbox | None = None,
-                   limits: Limits | None = None, case_timeout: float = 300,
-                   keep: Path | None = None) -> Graded:
+                   limits: Limits | None = None, case_timeout: float = 300) -> Graded:
     """Grade one learner's notebook. Raises NotGradable for a file that is no notebook."""
     sandbox = sandbox or Sandbox()
     limits = limits or Limits()
@@ -202,10 +201,6 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         elif out.returncode not in (0, None) and len(results) < len(probes):
             tail = out.stderr.read_text(errors="replace")[-600:] if out.stderr.exists() else ""
             graded.note = f"the grading process ended early (exit code {out.returncode}) {tail.strip()[-300:]}"
-        if keep is not None:
-            for f in ("stdout.txt", "stderr.txt", "cells.jsonl", "results.jsonl"):
-                if (scratch / f).exists():
-                    shutil.copy(scratch / f, keep / f)
     with JUDGE_LOCK:
         _judge_all(plan, points, results, graded)
     return graded

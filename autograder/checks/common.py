@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import random
 import sys
@@ -114,9 +113,6 @@ def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> No
                              f"expected {w.flatten()[i].item():.6g} ({int(bad.sum())} of {bad.numel()} entries off)")
 
 
-def finite(x: float) -> bool:
-    return isinstance(x, float) and math.isfinite(x)
-
 
 def rng(hidden: bool, fixed_seed: int = 0) -> random.Random:
     """Visible checks use a fixed seed (reproducible feedback); hidden checks
@@ -179,9 +175,6 @@ def expect_int(name: str, value) -> int:
                              f"Hint: tensor.nbytes and storage.nbytes() are ints; .item() turns a tensor into one.")
     return value
 
-
-def close(got: int, want: int, rel: float) -> bool:
-    return abs(got - want) <= rel * max(abs(want), 1)
 
 
 def mb(n: float) -> str:
