@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .models import GPTConfig
 
 __all__ = ["param_count", "mlp_param_count", "gpt_param_count", "LAYOUTS", "Layout", "BYTES_PER_PARAM",
-           "layout_bytes_per_param", "model_state_bytes",
+           "layout_bytes_per_param", "model_state_bytes", "gpt_param_numels",
            "optimizer_step_temp_bytes", "mlp_activation_bytes", "gpt_activation_bytes",
            "korthikanti_activation_bytes", "zero_model_state_bytes", "Estimate", "mlp_peak_bytes",
            "gpt_peak_bytes", "chen_segment_peak"]
@@ -390,8 +390,14 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
     return Estimate(cands[ph], ph, bd, cands)
 
 
-def _gpt_param_numels(cfg: GPTConfig) -> list[int]:
-    """numel of each parameter of the default `memlab.GPT` block, in model.parameters() order."""
+def gpt_param_numels(cfg: GPTConfig) -> list[int]:
+    """numel of each parameter tensor of `memlab.GPT` with the default block (learned positions, LayerNorm,
+    GELU MLP, no GQA), in model.parameters() order: what `optimizer_step_temp_bytes` needs."""
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    if cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.pos != "learned" or cfg.n_kv_head != cfg.n_head:
+        raise ValueError("gpt_param_numels lists the default block (mlp='gelu', norm='layernorm', pos='learned', "
+                         "n_kv_head=n_head); got a different GPTConfig")
     C, F, V = cfg.n_embd, cfg.mlp_hidden, cfg.vocab_size
     b = cfg.bias
     norm = [C, C] if b else [C]
@@ -419,7 +425,7 @@ def gpt_peak_bytes(cfg: GPTConfig, batch: int, seq: int, *, optimizer: str = "ad
     n_params = gpt_param_count(cfg)
     state = model_state_bytes(n_params, "fp32", optimizer)
     P = state["parameters"]
-    numels = _gpt_param_numels(cfg)
+    numels = gpt_param_numels(cfg)
     n_tensors = len(numels)
     O_full = state["optimizer"] + (4 * n_tensors if optimizer == "adam" else 0)
     O = 0 if first_step else O_full

@@ -281,7 +281,8 @@ class GPT(nn.Module):
         """Distinct parameters (a tied embedding counts once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def features(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C): the final norm's output, which the head turns into logits."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
@@ -292,10 +293,29 @@ class GPT(nn.Module):
         rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.pos == "rope" else None
         for block in self.blocks:
             x = block(x, rope)
-        logits = self.head(self.ln_f(x))                                       # (B, T, V)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1):
+        """`loss_chunks` > 1 computes the loss over that many chunks of positions, each under a checkpoint:
+        only one chunk's (B, T/k, V) logits and log-softmax exist at a time, in forward and in backward
+        (they are recomputed), instead of the whole (B, T, V) - the same loss and gradients."""
+        if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
+            raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
+        h = self.features(idx)                                                 # (B, T, C)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            return self.head(h)                                                # (B, T, V)
+        if loss_chunks == 1:
+            logits = self.head(h)                                              # (B, T, V)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        from torch.utils.checkpoint import checkpoint
+        total = 0.0
+        for h_c, t_c in zip(h.chunk(loss_chunks, dim=1), targets.chunk(loss_chunks, dim=1)):
+            total = total + checkpoint(self._chunk_loss_sum, h_c, t_c, use_reentrant=False)
+        return total / targets.numel()                                        # the mean over all B*T tokens
+
+    def _chunk_loss_sum(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h)                                                  # (B, T/k, V)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
 
 
 # ----------------------------------------------------------------------------- one training step

@@ -70,6 +70,4 @@ def memory_calculator(billions: float = 7.0, precision: str = "fp32", optimizer:
     for w in (size, prec, opt, step):
         w.observe(update, names="value")
     update()
-    box = W.VBox([W.HBox([size, prec, opt]), step, out])
-    display(box)
-    return box
+    display(W.VBox([W.HBox([size, prec, opt]), step, out]))

@@ -232,3 +232,34 @@ def test_calculator_is_one_labelled_table():
     assert any("states" in r and "20 B/param" in r for r in rows)
     with pytest.raises(ValueError, match="precision"):
         calculator_rows(7, "fp8", "adam")
+
+
+def test_chunked_cross_entropy_gives_the_same_loss_and_gradients_in_less_memory():
+    torch.manual_seed(0)
+    cfg = memlab.GPTConfig.tiny(n_layer=1, vocab_size=512)
+    model = memlab.GPT(cfg)
+    x, y = torch.randint(0, 512, (4, 64)), torch.randint(0, 512, (4, 64))
+    peaks, grads, losses = {}, {}, {}
+    for k in (1, 8):
+        model.zero_grad(set_to_none=True)
+        tr = memlab.MemoryTracker(model)
+        with tr:
+            with memlab.phase("forward"):
+                loss = model(x, y, loss_chunks=k)
+            with memlab.phase("backward"):
+                loss.backward()
+        peaks[k], losses[k] = tr.peak, loss.item()
+        grads[k] = [p.grad.clone() for p in model.parameters()]
+    assert losses[1] == pytest.approx(losses[8], rel=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[1], grads[8]))
+    logits = 4 * 64 * 512 * 4                                # one fp32 (B, T, V) tensor
+    assert peaks[1] - peaks[8] > logits, (peaks, logits)      # the full logits never exist at once
+    with pytest.raises(ValueError, match="loss_chunks"):
+        model(x, y, loss_chunks=0)
+
+
+def test_gpt_param_numels_follow_the_parameters_order():
+    for cfg in (memlab.GPTConfig.tiny(), memlab.GPTConfig.tiny(bias=False), memlab.GPTConfig.tiny(tie_weights=False)):
+        assert E.gpt_param_numels(cfg) == [p.numel() for p in memlab.GPT(cfg).parameters()]
+    with pytest.raises(ValueError, match="default block"):
+        E.gpt_param_numels(memlab.GPTConfig.tiny(mlp="swiglu"))
