@@ -86,9 +86,9 @@ PRESETS: dict[str, GPUSpec] = {
                      "of 14.74 GiB'. Other hosts' drivers report 14.56 GiB (github.com/Zheng-Chong/CatVTON "
                      "issue 133). Turing sm_75: no bf16 tensor cores."),
     "L4-24GB": _spec("L4-24GB", 23570219008, True,
-                     "NVIDIA L4, driver 12.4: deviceQuery 'Total amount of global memory: 22478 MBytes "
-                     "(23570219008 bytes)' (github.com/thamada/nvidia-smi gls/L4_deviceQuery.py); other drivers "
-                     "print 'total capacity of 22.03 GiB' (github.com/ArcInstitute/evo2 issue 190). Ada sm_89."),
+                     "NVIDIA L4: torch.cuda.get_device_properties(0).total_memory = 23570219008 bytes with torch "
+                     "2.4.0+cu121, as public GPU benchmark reports print it (nvidia-smi lists 23034 MiB); other "
+                     "drivers print 'total capacity of 22.03 GiB' (github.com/ArcInstitute/evo2 issue 190). Ada sm_89."),
     "RTX4090-24GB": _spec("RTX4090-24GB", 25386352640, True,
                           "GeForce RTX 4090, driver 12.4: deviceQuery '24210 MBytes (25386352640 bytes)' "
                           "(github.com/thamada/nvidia-smi gls/RTX4090_deviceQuery.py). Ada sm_89."),
