@@ -42,6 +42,10 @@ def pack(specs: dict) -> dict[str, dict]:
             for g in groups}
 
 
+def _released(spec) -> bool:
+    return (ROOT / "exercises" / spec.ASSIGNMENT / f"{spec.ASSIGNMENT}.ipynb").exists()
+
+
 @pytest.fixture(scope="module", params=SPECS, ids=[s.ASSIGNMENT for s in SPECS])
 def graded(request):
     """Grade the reference, the untouched release and every wrong submission of
