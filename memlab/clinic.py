@@ -112,12 +112,12 @@ def train_accumulated(size="full", data=None):
 
 
 def train_1b3(size="full", data=None):
-    """One AdamW step of a 1.3B-parameter GPT (24 layers, width 2048) on 2 sequences of 1024 tokens.
+    """One AdamW step of a 1.3B-parameter GPT (24 layers, width 2048) on 1 sequence of 1024 tokens.
     Forward and backward fit on an L4-24GB; the first optimizer step does not."""
     model = build_gpt("gpt-1.3b", size)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=True)     # foreach=True: the CUDA default
     memlab.watch(model, opt)
-    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)       # (2, T)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)       # (1, T)
     with memlab.phase("forward"):
         loss = model(x, y)
     with memlab.phase("backward"):
@@ -150,7 +150,7 @@ CASES = {
     "task4_3": Case("task4_3", train_accumulated, "train_accumulated_fixed", "T4-16GB", "gpt2-small", 32, True,
                     "Summing the micro-batch losses into one tensor keeps all four graphs alive until the single "
                     "backward: call backward on each micro-batch's loss (divided by 4) as soon as it is computed."),
-    "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 2, True,
+    "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 1, True,
                     "The OOM is in the optimizer step: AdamW creates its state there and, with foreach=True, "
                     "also a temporary as large as all the parameters. Keep AdamW (and its maths): what does "
                     "foreach=False change?"),

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from .models import GPTConfig
 
-__all__ = ["param_count", "mlp_param_count", "gpt_param_count", "BYTES_PER_PARAM", "model_state_bytes",
+__all__ = ["param_count", "mlp_param_count", "gpt_param_count", "LAYOUTS", "Layout", "BYTES_PER_PARAM",
+           "layout_bytes_per_param", "model_state_bytes", "gpt_param_numels",
            "optimizer_step_temp_bytes", "mlp_activation_bytes", "gpt_activation_bytes",
            "korthikanti_activation_bytes", "zero_model_state_bytes", "Estimate", "mlp_peak_bytes",
            "gpt_peak_bytes", "chen_segment_peak"]
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
-PRECISIONS = ("fp32", "amp", "bf16")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
 def _pos_int(name, v):
@@ -47,15 +47,18 @@ def mlp_param_count(d_in: int, width: int, depth: int, d_out: int, bias: bool = 
 def gpt_param_count(cfg: GPTConfig) -> int:
     """Parameters of `memlab.GPT` (a tied embedding counts once).
 
-    Per block: attention 4C^2 (+4C biases), MLP 2CF (gelu) or 3CF (swiglu)
+    Per block: attention 2C^2 + 2*C*kv with kv = n_kv_head * C / n_head the key/value width
+    (4C^2 without grouped-query attention; + C + 2kv + C biases), MLP 2CF (gelu) or 3CF (swiglu)
     (+F+C biases), two norms 2C each (LayerNorm with bias) or C (RMSNorm).
-    The familiar 12*L*C^2 rule is this with F = 4C and small terms dropped.
+    The familiar 12*L*C^2 rule is this with F = 4C, no GQA and small terms dropped.
+    Llama-3.1-8B (`GPTConfig.llama3_8b()`): 8,030,261,248.
     """
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     C, F, V, L = cfg.n_embd, cfg.mlp_hidden, cfg.vocab_size, cfg.n_layer
+    kv = cfg.n_kv_head * cfg.head_dim
     norm = (2 * C if cfg.bias else C) if cfg.norm == "layernorm" else C
-    attn = 4 * C * C + (4 * C if cfg.bias else 0)
+    attn = 2 * C * C + 2 * C * kv + (2 * C + 2 * kv if cfg.bias else 0)
     mlp = (3 if cfg.mlp == "swiglu" else 2) * C * F + ((2 if cfg.mlp == "swiglu" else 1) * F + C if cfg.bias else 0)
     block = attn + mlp + 2 * norm
     emb = V * C + (cfg.block_size * C if cfg.pos == "learned" else 0)
@@ -74,72 +77,119 @@ def param_count(model_or_cfg) -> int:
 
 
 # ----------------------------------------------------------------------------- model states
-# (weights, gradients, optimizer state) bytes per parameter, for each setup.
-#   fp32: 4-byte weights and grads; Adam keeps exp_avg and exp_avg_sq in fp32.
-#   amp : torch.autocast keeps the fp32 weights and fp32 grads (it casts copies
-#         for the forward), so model states are the same as fp32. The bf16/fp16
-#         weight copies live only during forward/backward (2 B/param, counted
-#         with the activations: autocast's cast cache).
-#   bf16: the model itself in bf16 ("pure bf16"): 2-byte weights, grads and
-#         optimizer state - the risky setup lesson 03 examines.
-_STATE_BYTES = {
-    ("fp32", "sgd"): (4, 4, 0), ("fp32", "momentum"): (4, 4, 4), ("fp32", "adam"): (4, 4, 8),
-    ("amp", "sgd"): (4, 4, 0), ("amp", "momentum"): (4, 4, 4), ("amp", "adam"): (4, 4, 8),
-    ("bf16", "sgd"): (2, 2, 0), ("bf16", "momentum"): (2, 2, 2), ("bf16", "adam"): (2, 2, 4),
+@dataclass(frozen=True)
+class Layout:
+    """Where a training setup keeps its model states: bytes per parameter of each copy."""
+    what: str
+    weights: int      # the weights the forward reads
+    grads: int        # the .grad the backward writes
+    master: int       # an fp32 master copy of the weights that the optimizer updates (0: none)
+    grad_accum: int   # an fp32 gradient-accumulation buffer beside the 16-bit grads (0: none)
+    state: int        # bytes of one optimizer-state element (Adam keeps 2 per parameter, momentum 1)
+    transient: int    # 16-bit weight copies alive during forward/backward only (autocast's cast cache)
+    source: str
+
+
+# The training layouts (precision= in this module), each with its source. A variant not listed: Megatron's
+# "float16 param, fp32 grads" (18 B/param with Adam), where the backward accumulates straight into the fp32
+# buffer and no 16-bit gradient is kept. The 16-bit layouts have the same bytes in fp16 (which needs a loss
+# scaler) and in bf16.
+LAYOUTS: dict[str, Layout] = {
+    "fp32": Layout("fp32 weights, gradients and optimizer state", 4, 4, 0, 0, 4, 0,
+                   "PyTorch's default"),
+    "amp": Layout("torch.autocast: fp32 weights, gradients and state; matmuls get 16-bit weight copies", 4, 4, 0,
+                  0, 4, 2, "PyTorch AMP (torch.autocast); the copies live in autocast's cast cache"),
+    "bf16_master": Layout("16-bit weights and gradients; the optimizer updates an fp32 master copy", 2, 2, 4, 0, 4,
+                          0, "Micikevicius et al. 2018, 'Mixed Precision Training'; the ZeRO paper's 2 + 2 + K "
+                          "with K = 12 (Rajbhandari et al. 2020); DeepSpeed's fp16/bf16 optimizer"),
+    "bf16_master_fp32_grads": Layout("16-bit weights and gradients, an fp32 master copy and an fp32 "
+                                     "gradient-accumulation buffer", 2, 2, 4, 4, 4, 0,
+                                     "Megatron-LM ('float16 param, float16 grads': 20 B/param, Megatron Core "
+                                     "'Distributed Optimizer' guide), Nanotron; the Ultra-Scale Playbook's 20 "
+                                     "(Tazi et al. 2025)"),
+    "bf16": Layout("pure bf16: weights, gradients and optimizer state all 16-bit", 2, 2, 0, 0, 2, 0,
+                   "stale small updates, lesson 03; Zamirai et al. 2020"),
 }
-BYTES_PER_PARAM = {k: sum(v) for k, v in _STATE_BYTES.items()}
+PRECISIONS = tuple(LAYOUTS)
+_STATES = {"sgd": 0, "momentum": 1, "adam": 2}    # optimizer-state elements per parameter
+BYTES_PER_PARAM = {(p, o): L.weights + L.grads + L.master + L.grad_accum + k * L.state
+                   for p, L in LAYOUTS.items() for o, k in _STATES.items()}
+
+
+def _optimizer(optimizer):
+    if optimizer == "adamw":             # AdamW keeps exactly Adam's state (decoupled weight decay is in place)
+        return "adam"
+    _choice("optimizer", optimizer, OPTIMIZERS)
+    return optimizer
+
+
+def layout_bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
+    """Bytes per parameter of each copy a layout keeps (`LAYOUTS[precision]`), with the optimizer's state
+    elements counted: {"weights", "grads", "master", "grad_accum", "optimizer state", "transient copies"}."""
+    _choice("precision", precision, PRECISIONS)
+    L = LAYOUTS[precision]
+    return {"weights": L.weights, "grads": L.grads, "master": L.master, "grad_accum": L.grad_accum,
+            "optimizer state": _STATES[_optimizer(optimizer)] * L.state, "transient copies": L.transient}
 
 
 def model_state_bytes(n_params: int, precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
-    """Bytes of weights, gradients and optimizer state for `n_params` parameters.
+    """Bytes of weights, gradients and optimizer state for `n_params` parameters in a training layout
+    (`LAYOUTS`; optimizer "sgd", "momentum", "adam" or "adamw").
 
-    Assumes PyTorch's optimizers (torch.optim.SGD/Adam/AdamW) and
-    `zero_grad(set_to_none=True)` *not yet called* (gradients exist). Adam's
-    scalar `step` tensors (4 bytes per parameter tensor) are ignored here.
+    Categories as memlab's tracker labels them: "parameters" = the weights the model reads; "gradients" =
+    .grad plus any fp32 accumulation buffer; "optimizer" = the fp32 master copy plus the optimizer's state.
+    autocast's 16-bit weight copies are transient (activations), not model states. Assumes PyTorch's
+    optimizers and `zero_grad(set_to_none=True)` *not yet called* (gradients exist). Adam's scalar `step`
+    tensors (4 bytes per parameter tensor) are ignored here.
     """
     _pos_int("n_params", n_params)
-    _choice("precision", precision, PRECISIONS)
-    _choice("optimizer", optimizer, OPTIMIZERS)
-    w, g, o = _STATE_BYTES[(precision, optimizer)]
-    return {"parameters": w * n_params, "gradients": g * n_params, "optimizer": o * n_params}
+    b = layout_bytes_per_param(precision, optimizer)
+    return {"parameters": b["weights"] * n_params, "gradients": (b["grads"] + b["grad_accum"]) * n_params,
+            "optimizer": (b["master"] + b["optimizer state"]) * n_params}
 
 
 def optimizer_step_temp_bytes(param_numels: list[int], optimizer: str = "adam", foreach: bool = False,
-                              bytes_per_element: int = 4) -> int:
-    """Scratch memory of one `optimizer.step()` (torch.optim, PyTorch 2.x).
+                              bytes_per_element: int = 4, fused: bool = False) -> int:
+    """Scratch memory of one `optimizer.step()` (torch.optim, PyTorch 2.x): a transient of the step, on top of
+    the model states, not part of them.
 
-    Adam, foreach=False (CPU default): per tensor `denom = (exp_avg_sq.sqrt() /
-    bias_correction2_sqrt).add_(eps)` holds two temporaries of that tensor's
-    size at once -> 2 x the largest parameter tensor.
-    Adam, foreach=True (CUDA default): `_foreach_sqrt(exp_avg_sqs)` makes one
-    temporary of *every* parameter at once -> 1 x all parameters. This is why a
-    CUDA Adam step peaks at 20 bytes/param in fp32, not 16.
+    Adam/AdamW, foreach=False (the CPU default): tensor by tensor, `denom = (exp_avg_sq.sqrt() /
+    bias_correction2_sqrt).add_(eps)` holds two temporaries of that tensor's size (the sqrt and the quotient),
+    while the previous tensor's `denom` is still alive (the loop variable is rebound only afterwards):
+    max over i of 2 n_i + n_(i-1), in the optimizer's parameter order.
+    Adam/AdamW, foreach=True (the CUDA default): `_foreach_sqrt(exp_avg_sqs)` makes one temporary of *every*
+    parameter at once -> 1 x all parameters (4 B/param in fp32, 2 in bf16).
+    fused=True: one kernel per group updates in place -> 0.
     SGD (with or without momentum, steady state): updates in place -> 0.
     """
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer = _optimizer(optimizer)
     if not param_numels:
         raise ValueError("param_numels must list the numel of each parameter tensor")
-    if optimizer != "adam":
+    if optimizer != "adam" or fused:
         return 0
     if foreach:
         return bytes_per_element * sum(param_numels)
-    return 2 * bytes_per_element * max(param_numels)
+    n = list(param_numels)
+    return bytes_per_element * max(2 * n[i] + (n[i - 1] if i else 0) for i in range(len(n)))
 
 
 def zero_model_state_bytes(n_params: int, n_gpus: int, stage: int, optimizer_bytes_per_param: int = 12) -> float:
-    """Per-GPU model-state bytes under ZeRO (Rajbhandari et al. 2020, Fig. 1).
+    """Per-GPU model-state bytes under ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory
+    Optimizations Toward Training Trillion Parameter Models", section 5 and Fig. 1).
 
-    Mixed-precision Adam with K = 12 bytes/param of optimizer state (fp32 master
-    weights, momentum, variance) plus 2-byte fp16 weights and 2-byte fp16 grads:
+    Mixed-precision Adam: 2-byte fp16 weights and 2-byte fp16 grads, plus K = 12
+    bytes/param of optimizer state (fp32 master weights, momentum, variance). The
+    paper uses K = 12 throughout:
       stage 0 (plain data parallel): (2 + 2 + K) * Psi         = 16 Psi
       stage 1 (optimizer states)   : 4 Psi + K Psi / N_d
       stage 2 (+ gradients)        : 2 Psi + (2 + K) Psi / N_d
       stage 3 (+ parameters)       : (2 + 2 + K) Psi / N_d
-    Other published figures change K or what is replicated: DeepSpeed's
-    `estimate_zero2_model_states_mem_needs` (no offload) computes
-    2 Psi + 18 Psi / N - fp16 weights replicated; fp16 grads, fp32 grads, fp32
-    weights and both moments partitioned (its own code comment) - and
-    4 Psi + 16 Psi / N is stage 1 with K = 16 (fp32 grads kept with the state).
+    DeepSpeed's `estimate_zero2_model_states_mem_needs` (no offload) is a different
+    count: since DeepSpeed PR 5099 (2024) it returns 2 Psi + 18 Psi / N (fp16 weights
+    replicated; fp16 grads, fp32 grads, fp32 weights and both moments partitioned,
+    its code comment says); older versions returned 4 Psi + 16 Psi / N (fp16 weights
+    and grads replicated, fp32 weights, grads and moments partitioned), which is
+    neither a ZeRO stage of the paper nor a different K.
     """
     _pos_int("n_params", n_params)
     _pos_int("n_gpus", n_gpus)
@@ -198,9 +248,10 @@ def gpt_activation_bytes(cfg: GPTConfig, batch: int, seq: int) -> int:
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     _pos_int("batch", batch)
     _pos_int("seq", seq)
-    if cfg.attn != "sdpa" or cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.dropout or cfg.pos != "learned":
+    if cfg.attn != "sdpa" or cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.dropout or cfg.pos != "learned" \
+            or cfg.n_kv_head != cfg.n_head:
         raise ValueError("gpt_activation_bytes models the default block (attn='sdpa', mlp='gelu', "
-                         "norm='layernorm', pos='learned', dropout=0); got a different GPTConfig")
+                         "norm='layernorm', pos='learned', dropout=0, n_kv_head=n_head); got a different GPTConfig")
     B, T, C, V, H, F, L = batch, seq, cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.mlp_hidden, cfg.n_layer
     u = B * T * C * 4
     per_block = 8 * u + 2 * B * T * F * 4 + 2 * 2 * B * T * 4 + B * H * T * 4
@@ -235,7 +286,7 @@ class Estimate:
 
 def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *, act: str = "relu",
                    optimizer: str = "adam", precision: str = "fp32", foreach: bool = False,
-                   first_step: bool = False) -> Estimate:
+                   first_step: bool = False, fused: bool = False) -> Estimate:
     """Peak bytes of one `memlab.train_step` of `memlab.MLP` (cross-entropy,
     zero_grad(set_to_none=True) after the step), counting the input batch
     (fp32 x, int64 labels) created for the step.
@@ -251,7 +302,7 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
     for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
         _pos_int(n, v)
     _choice("act", act, ("relu", "gelu", "tanh"))
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer = _optimizer(optimizer)
     _choice("precision", precision, ("fp32", "amp"))
     dims = [d_in] + [width] * depth + [d_out]
     numels = []
@@ -325,7 +376,7 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
         g_in = Bw
 
     # ---- optimizer step
-    temp = optimizer_step_temp_bytes(numels, optimizer, foreach)
+    temp = optimizer_step_temp_bytes(numels, optimizer, foreach, fused=fused)
     step_peak = P + O_full + X + G + temp
     cands = {"forward": fwd_peak, "backward": bwd_peak, "step": step_peak}
     ph = max(cands, key=cands.get)
@@ -339,25 +390,43 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
     return Estimate(cands[ph], ph, bd, cands)
 
 
+def gpt_param_numels(cfg: GPTConfig) -> list[int]:
+    """numel of each parameter tensor of `memlab.GPT` with the default block (learned positions, LayerNorm,
+    GELU MLP, no GQA), in model.parameters() order: what `optimizer_step_temp_bytes` needs."""
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    if cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.pos != "learned" or cfg.n_kv_head != cfg.n_head:
+        raise ValueError("gpt_param_numels lists the default block (mlp='gelu', norm='layernorm', pos='learned', "
+                         "n_kv_head=n_head); got a different GPTConfig")
+    C, F, V = cfg.n_embd, cfg.mlp_hidden, cfg.vocab_size
+    b = cfg.bias
+    norm = [C, C] if b else [C]
+    lin = lambda i, o: [i * o] + ([o] if b else [])  # noqa: E731
+    block = norm + lin(C, 3 * C) + lin(C, C) + norm + lin(C, F) + lin(F, C)
+    return [V * C, cfg.block_size * C] + block * cfg.n_layer + norm + ([] if cfg.tie_weights else [V * C])
+
+
 def gpt_peak_bytes(cfg: GPTConfig, batch: int, seq: int, *, optimizer: str = "adam", foreach: bool = False,
-                   first_step: bool = False) -> Estimate:
+                   first_step: bool = False, fused: bool = False) -> Estimate:
     """Peak bytes of one fp32 `memlab.train_step` of `memlab.GPT` (default block,
     see `gpt_activation_bytes`), counting the int64 input and target tokens.
 
     Candidates: the end of the forward (all activations, logits and
     log_softmax's output alive together), the start of the backward (two
     (B, T, V) gradients), the last block's MLP backward (its up-projection
-    gradient of B*T*F*4 beside the residual gradient), and the optimizer step.
+    gradient of B*T*F*4 beside the residual gradient), and the optimizer step
+    (its scratch: `optimizer_step_temp_bytes`).
     """
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    optimizer = _optimizer(optimizer)
     A = gpt_activation_bytes(cfg, batch, seq)
     B, T, C, V, F = batch, seq, cfg.n_embd, cfg.vocab_size, cfg.mlp_hidden
     n_params = gpt_param_count(cfg)
     state = model_state_bytes(n_params, "fp32", optimizer)
     P = state["parameters"]
-    n_tensors = 4 + (2 if cfg.pos == "learned" else 0) + cfg.n_layer * (12 if cfg.bias else 6)
+    numels = gpt_param_numels(cfg)
+    n_tensors = len(numels)
     O_full = state["optimizer"] + (4 * n_tensors if optimizer == "adam" else 0)
     O = 0 if first_step else O_full
     X = 2 * B * T * 8
@@ -370,8 +439,7 @@ def gpt_peak_bytes(cfg: GPTConfig, batch: int, seq: int, *, optimizer: str = "ad
     g_head = V * C * 4 + (2 * C * 4 if cfg.bias else C * 4)
     bwd_block = base + head_done + g_head + u + B * T * F * 4 + F * C * 4 + C * 4
     # optimizer step
-    numels = [V * C, F * C, 3 * C * C]                     # the largest tensors decide the for-loop scratch
-    temp = optimizer_step_temp_bytes(numels if not foreach else [n_params], optimizer, foreach)
+    temp = optimizer_step_temp_bytes(numels, optimizer, foreach, fused=fused)
     step_peak = P + O_full + X + P + temp
     cands = {"forward": fwd_peak, "backward": max(bwd_start, bwd_block), "step": step_peak}
     ph = max(cands, key=cands.get)

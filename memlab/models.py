@@ -5,8 +5,11 @@ training step (`train_step`) serves every lesson. Shape comments use
 B = batch, T = sequence length, C = n_embd, V = vocab, H = heads, hd = C // H.
 
 `GPTConfig` has presets: `tiny()` for CPU lessons, `gpt2_small()`,
-`gpt2_medium()` and `llama_7b()` (Llama-2-7B's shapes: RMSNorm, SwiGLU,
-RoPE, no biases, untied embeddings) for the virtual GPU.
+`gpt2_medium()`, `llama_7b()` (Llama-2-7B's shapes: RMSNorm, SwiGLU, RoPE, no
+biases, untied embeddings) and `llama3_8b()` (Llama-3.1-8B: the same plus
+grouped-query attention) for the virtual GPU. A preset's keyword overrides are
+applied before the derived sizes (the MLP width) are computed, so
+`GPTConfig.llama_7b(n_embd=5120)` gets the MLP width of width 5120.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .track import phase
+from .virtual_gpu import cuda_autocast
 
 __all__ = ["MLP", "GPTConfig", "GPT", "train_step", "tiny_llama_config"]
 
@@ -64,10 +68,14 @@ class GPTConfig:
     n_layer: int = 4             # transformer blocks
     n_head: int = 4              # attention heads H (n_embd must divide by it)
     n_embd: int = 128            # C: width of the residual stream
-    mlp_hidden: int | None = None  # MLP inner width; None = 4*C (gelu) or Llama's 8/3*C rounded (swiglu)
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention, Ainslie et al. 2023); None = n_head
+    mlp_hidden: int | None = None  # MLP inner width F; None = derived: 4*C (gelu), or Llama's rule (swiglu):
+    mlp_multiplier: float = 1.0  #   F = int(mlp_multiplier * int(8*C/3)) rounded up to a multiple of
+    mlp_multiple_of: int = 256   #   mlp_multiple_of (Meta's llama model.py: ffn_dim_multiplier, multiple_of)
     mlp: str = "gelu"            # "gelu" (GPT-2) or "swiglu" (Llama)
     norm: str = "layernorm"      # "layernorm" (GPT-2) or "rmsnorm" (Llama)
     pos: str = "learned"         # "learned" position table (GPT-2) or "rope" (Llama)
+    rope_theta: float = 10000.0  # RoPE base (Llama 2: 10000; Llama 3: 500000)
     attn: str = "sdpa"           # "sdpa" (F.scaled_dot_product_attention: flash/efficient kernels)
                                  # or "math" (explicit softmax(QK^T)V: stores the (B, H, T, T) scores)
     bias: bool = True            # biases in Linear and LayerNorm
@@ -81,6 +89,17 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 1 \
+                or self.n_head % self.n_kv_head:
+            raise ValueError(f"GPTConfig.n_kv_head must be a positive int that divides n_head ({self.n_head}), "
+                             f"got {self.n_kv_head!r}")
+        if isinstance(self.mlp_multiple_of, bool) or not isinstance(self.mlp_multiple_of, int) \
+                or self.mlp_multiple_of < 1:
+            raise ValueError(f"GPTConfig.mlp_multiple_of must be a positive int, got {self.mlp_multiple_of!r}")
+        if not self.mlp_multiplier > 0:
+            raise ValueError(f"GPTConfig.mlp_multiplier must be > 0, got {self.mlp_multiplier!r}")
         for name, allowed in (("mlp", ("gelu", "swiglu")), ("norm", ("layernorm", "rmsnorm")),
                               ("pos", ("learned", "rope")), ("attn", ("sdpa", "math"))):
             if getattr(self, name) not in allowed:
@@ -90,29 +109,52 @@ class GPTConfig:
         if self.mlp_hidden is None:
             if self.mlp == "gelu":
                 self.mlp_hidden = 4 * self.n_embd
-            else:  # Llama: 2/3 of 4C, rounded up to a multiple of 256 (11008 for C=4096)
-                self.mlp_hidden = 256 * math.ceil(int(8 * self.n_embd / 3) / 256)
+            else:  # Llama: 2/3 of 4C, times a multiplier, rounded up (11008 for C=4096; Llama 3: 14336)
+                f, m = int(self.mlp_multiplier * int(8 * self.n_embd / 3)), self.mlp_multiple_of
+                self.mlp_hidden = m * math.ceil(f / m)
+        elif isinstance(self.mlp_hidden, bool) or not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 1:
+            raise ValueError(f"GPTConfig.mlp_hidden must be a positive int or None, got {self.mlp_hidden!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def _preset(cls, base: dict, kw: dict) -> "GPTConfig":
+        # overrides go in before __post_init__, so derived sizes (the MLP width) follow them
+        return cls(**{**base, **kw})
 
     @classmethod
     def tiny(cls, **kw) -> "GPTConfig":
         """~0.8M parameters: trains on a laptop CPU in seconds."""
-        return replace(cls(), **kw)
+        return cls._preset({}, kw)
 
     @classmethod
     def gpt2_small(cls, **kw) -> "GPTConfig":
         """GPT-2 124M (Radford et al. 2019) shapes."""
-        return replace(cls(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768), **kw)
+        return cls._preset(dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768), kw)
 
     @classmethod
     def gpt2_medium(cls, **kw) -> "GPTConfig":
         """GPT-2 350M shapes."""
-        return replace(cls(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024), **kw)
+        return cls._preset(dict(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024), kw)
 
     @classmethod
     def llama_7b(cls, **kw) -> "GPTConfig":
         """Llama-2-7B shapes (Touvron et al. 2023): 6.74B parameters."""
-        return replace(cls(vocab_size=32000, block_size=4096, n_layer=32, n_head=32, n_embd=4096,
-                           mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, tie_weights=False), **kw)
+        return cls._preset(dict(vocab_size=32000, block_size=4096, n_layer=32, n_head=32, n_embd=4096,
+                                mlp="swiglu", norm="rmsnorm", pos="rope", bias=False, tie_weights=False), kw)
+
+    @classmethod
+    def llama3_8b(cls, **kw) -> "GPTConfig":
+        """Llama-3.1-8B shapes (Meta's config.json: hidden 4096, 32 layers, 32 query and 8 key/value heads,
+        MLP 14336 = ffn_dim_multiplier 1.3 and multiple_of 1024, vocabulary 128256, RoPE theta 500000):
+        8,030,261,248 parameters. block_size is 8192 here (the real context is 131072; it only sizes
+        this model's RoPE tables, which are buffers, not parameters)."""
+        return cls._preset(dict(vocab_size=128256, block_size=8192, n_layer=32, n_head=32, n_kv_head=8,
+                                n_embd=4096, mlp_multiplier=1.3, mlp_multiple_of=1024, mlp="swiglu",
+                                norm="rmsnorm", pos="rope", rope_theta=500000.0, bias=False,
+                                tie_weights=False), kw)
 
 
 class RMSNorm(nn.Module):
@@ -138,24 +180,28 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # C -> 3C
+        kv = cfg.n_kv_head * cfg.head_dim                                   # key/value width
+        self.qkv = nn.Linear(cfg.n_embd, cfg.n_embd + 2 * kv, bias=cfg.bias)  # C -> C + 2 kv (3C without GQA)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
-        H = self.cfg.n_head
-        q, k, v = self.qkv(x).split(C, dim=2)                  # 3 x (B, T, C)
-        q = q.view(B, T, H, C // H).transpose(1, 2)            # (B, H, T, hd)
-        k = k.view(B, T, H, C // H).transpose(1, 2)
-        v = v.view(B, T, H, C // H).transpose(1, 2)
+        H, KV, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
+        q, k, v = self.qkv(x).split([C, KV * hd, KV * hd], dim=2)   # (B, T, C), 2 x (B, T, KV*hd)
+        q = q.view(B, T, H, hd).transpose(1, 2)                # (B, H, T, hd)
+        k = k.view(B, T, KV, hd).transpose(1, 2)               # (B, KV, T, hd)
+        v = v.view(B, T, KV, hd).transpose(1, 2)
         if rope is not None:
             q, k = _rope(q, *rope), _rope(k, *rope)
         if self.cfg.attn == "sdpa":
-            # fused kernel: never materialises the (T, T) scores for backward
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            # fused kernel: never materialises the (T, T) scores for backward; enable_gqa lets
+            # H query heads share KV key/value heads without copying them
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H,
                                                dropout_p=self.cfg.dropout if self.training else 0.0)
         else:
+            if KV != H:                                        # explicit attention: copy k, v per query head
+                k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))   # (B, H, T, T)
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)  # saved: (B, H, T, T)
@@ -217,8 +263,8 @@ class GPT(nn.Module):
             self.head.weight = self.wte.weight
         self.apply(self._init_weights)                                         # GPT-2's init (as nanoGPT)
         if cfg.pos == "rope":
-            hd = cfg.n_embd // cfg.n_head
-            inv = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+            hd = cfg.head_dim
+            inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
             ang = torch.outer(torch.arange(cfg.block_size).float(), inv)      # (block_size, hd/2)
             ang = torch.cat((ang, ang), dim=-1)
             self.register_buffer("rope_cos", ang.cos(), persistent=False)
@@ -235,7 +281,8 @@ class GPT(nn.Module):
         """Distinct parameters (a tied embedding counts once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def features(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C): the final norm's output, which the head turns into logits."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
@@ -246,10 +293,29 @@ class GPT(nn.Module):
         rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.pos == "rope" else None
         for block in self.blocks:
             x = block(x, rope)
-        logits = self.head(self.ln_f(x))                                       # (B, T, V)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1):
+        """`loss_chunks` > 1 computes the loss over that many chunks of positions, each under a checkpoint:
+        only one chunk's (B, T/k, V) logits and log-softmax exist at a time, in forward and in backward
+        (they are recomputed), instead of the whole (B, T, V) - the same loss and gradients."""
+        if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
+            raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
+        h = self.features(idx)                                                 # (B, T, C)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            return self.head(h)                                                # (B, T, V)
+        if loss_chunks == 1:
+            logits = self.head(h)                                              # (B, T, V)
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        from torch.utils.checkpoint import checkpoint
+        total = 0.0
+        for h_c, t_c in zip(h.chunk(loss_chunks, dim=1), targets.chunk(loss_chunks, dim=1)):
+            total = total + checkpoint(self._chunk_loss_sum, h_c, t_c, use_reentrant=False)
+        return total / targets.numel()                                        # the mean over all B*T tokens
+
+    def _chunk_loss_sum(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h)                                                  # (B, T/k, V)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
 
 
 # ----------------------------------------------------------------------------- one training step
@@ -258,8 +324,10 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None, x: tor
     """forward -> backward -> optimizer step, with memlab phase marks.
 
     Returns the loss as a Python float (never the tensor: holding it would keep
-    the graph alive). `autocast_dtype` runs the forward under torch.autocast on
-    x's device; `scaler` is a torch.amp.GradScaler (fp16).
+    the graph alive); on the virtual GPU's fake tensors, nan. `autocast_dtype`
+    runs the forward under torch.autocast on x's device (on the virtual GPU with
+    CUDA's op lists, `memlab.virtual_gpu.cuda_autocast`); `scaler` is a
+    torch.amp.GradScaler for fp16 (on the virtual GPU: `gpu.grad_scaler()`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -267,7 +335,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None, x: tor
         raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
     with phase("forward"):
         if autocast_dtype is not None:
-            with torch.autocast(x.device.type, dtype=autocast_dtype):
+            with (cuda_autocast(autocast_dtype) if _is_fake(x) else torch.autocast(x.device.type,
+                                                                                   dtype=autocast_dtype)):
                 loss = model(x, y)
         else:
             loss = model(x, y)

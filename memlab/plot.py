@@ -27,21 +27,51 @@ def _unit(unit):
     return _UNITS[unit]
 
 
+def _bar_label(label: str, width: int = 14) -> str:
+    import textwrap
+    return "\n".join(textwrap.wrap(str(label), width)) or str(label)
+
+
 def breakdown_bar(breakdowns: Mapping[str, Mapping[str, int]], unit: str = "MiB", ax=None, title=None,
-                  capacity: int | None = None):
+                  capacity: int | None = None, wrap: int = 14):
     """One stacked bar per entry: {"label": {"parameters": bytes, ...}, ...}.
-    `capacity` (bytes) draws a horizontal line: the GPU's memory."""
+
+    A value may also be a `memlab.VirtualRun`: its peak breakdown, and if it ran out of memory, the
+    allocation that failed drawn on top (hatched), so the bar reaches past the capacity line as the
+    failed request did. `capacity` (bytes) draws a horizontal line: the GPU's memory. Labels are
+    wrapped to `wrap` characters per line so that they do not overlap."""
     if not isinstance(breakdowns, Mapping) or not breakdowns:
-        raise ValueError("breakdowns must be a non-empty mapping of label -> {category: bytes}")
+        raise ValueError("breakdowns must be a non-empty mapping of label -> {category: bytes} or VirtualRun")
+    if isinstance(wrap, bool) or not isinstance(wrap, int) or wrap < 4:
+        raise ValueError(f"wrap must be an int >= 4 (characters per label line), got {wrap!r}")
     div = _unit(unit)
-    ax = _ax(ax)
-    labels = list(breakdowns)
+    failed = {}
+    parts = {}
+    for k, v in breakdowns.items():
+        if hasattr(v, "peak_breakdown") and hasattr(v, "fits"):          # a VirtualRun
+            parts[k] = v.peak_breakdown
+            failed[k] = 0 if v.fits else getattr(v, "request", 0)
+        elif isinstance(v, Mapping):
+            parts[k] = v
+        else:
+            raise TypeError(f"breakdowns[{k!r}] must be a mapping of category -> bytes or a VirtualRun, "
+                            f"got {type(v).__name__}")
+    if ax is None:
+        import matplotlib.pyplot as plt
+        _, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(parts) + 2.5), 3.8))
+    labels = list(parts)
+    xs = range(len(labels))
     bottoms = [0.0] * len(labels)
     for c in CATEGORIES:
-        vals = [breakdowns[k].get(c, 0) / div for k in labels]
+        vals = [parts[k].get(c, 0) / div for k in labels]
         if any(vals):
-            ax.bar(labels, vals, bottom=bottoms, color=COLORS[c], label=c)
+            ax.bar(xs, vals, bottom=bottoms, color=COLORS[c], label=c)
             bottoms = [b + v for b, v in zip(bottoms, vals)]
+    if any(failed.values()):
+        vals = [failed.get(k, 0) / div for k in labels]
+        ax.bar(xs, vals, bottom=bottoms, color="white", edgecolor="#C44E52", hatch="//",
+               label="failed allocation (OOM)")
+    ax.set_xticks(list(xs), [_bar_label(k, wrap) for k in labels], fontsize=8)
     if capacity is not None:
         ax.axhline(capacity / div, color="k", ls="--", lw=1)
         ax.text(len(labels) - 0.5, capacity / div, " capacity", va="bottom", ha="right")

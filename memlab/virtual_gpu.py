@@ -21,54 +21,170 @@ needed: `Module.to()` and `.half()` cannot swap fake parameters), and call
         train_step(model, opt, x, x)
     result = gpu.run(step)          # raises torch.OutOfMemoryError if it does not fit
 
+Capacities are what the real card reports as
+`torch.cuda.get_device_properties(0).total_memory` (the same number as
+`cudaDeviceProp.totalGlobalMem`, which NVIDIA's deviceQuery sample prints), not
+the vendor's nominal "16 GB" read as GiB: a T4 holds 14.74 GiB. The figure
+moves a little with the driver; each preset names its source.
+
 Why the fake tensors report device "cpu": a CPU-only PyTorch build cannot run
 autograd on fake tensors that claim to be on "cuda" (it has no CUDA device
 guard), so the virtual GPU's tensors live on a fake "cpu" device. Bytes do not
-depend on the device. Two things do differ from a real GPU and are documented
-where they matter: autocast uses the CPU op lists (`gpu.autocast(dtype)`), and
-optimizers default to foreach=False on CPU tensors while CUDA defaults to
-foreach=True; pass foreach=True to see the CUDA step peak.
+depend on the device. Two things would differ from a real GPU and are handled:
+`gpu.autocast(dtype)` applies CUDA's autocast op lists, not the CPU's (see
+`cuda_autocast`); and optimizers default to foreach=False on CPU tensors while
+CUDA defaults to foreach=True: pass foreach=True (or fused=True) explicitly.
 
-What it does not model: the CUDA context (hundreds of MiB outside PyTorch's
-allocator), cuBLAS/cuDNN workspaces, and fragmentation (cached but unusable
-blocks). Its peak is the allocator's `max_memory_allocated`, not `reserved`.
+What it does not model: the CUDA context (outside PyTorch's allocator; pass
+`reserve_gb=CUDA_CONTEXT_GB` to keep room for it), cuBLAS/cuDNN workspaces and
+fragmentation (cached but unusable blocks). Its peak is the allocator's
+`max_memory_allocated`, not `reserved`.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import time
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.overrides import TorchFunctionMode
 
 from .track import MemoryTracker, format_bytes
 
-__all__ = ["PRESETS", "GPUSpec", "VirtualGPU", "VirtualRun"]
+__all__ = ["PRESETS", "GPUSpec", "VirtualGPU", "VirtualRun", "CUDA_CONTEXT_GB", "cuda_autocast", "lookup_preset"]
 
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
+
+# Memory the CUDA context takes outside PyTorch's allocator (driver state, loaded kernels): "around 400MB if
+# CUDA >= 11.7 is used and lazy module loading enabled" (ptrblck, pytorch/pytorch#109888, 2023; ~300 MB in
+# pytorch/pytorch#107667; "from 200+mb to 700+mb" depending on the machine, pytorch/pytorch#28113). A guess to
+# reserve, not a measurement of your machine: on a GPU, compare torch.cuda.mem_get_info() with total_memory.
+CUDA_CONTEXT_GB = 0.4
 
 
 @dataclass(frozen=True)
 class GPUSpec:
     name: str
-    capacity: int     # bytes: the vendor's nominal memory size, read as GiB
+    capacity: int     # bytes: total_memory as the real card reports it (minus any reserve)
     bf16: bool        # native bf16 tensor cores (Ampere sm_80 and newer)
     note: str         # where the numbers come from
 
 
-# Nominal capacities from each vendor's data sheet. A real device reports a
-# little less (ECC, driver); torch.cuda.mem_get_info() says how much is free.
+def _spec(name: str, total: int, bf16: bool, note: str) -> GPUSpec:
+    return GPUSpec(name, total, bf16, note)
+
+
+# total_memory in bytes, each from a named public record of the real card (deviceQuery prints
+# totalGlobalMem, which is what torch.cuda.get_device_properties(0).total_memory reports).
 PRESETS: dict[str, GPUSpec] = {
-    "T4-16GB": GPUSpec("T4-16GB", 16 * GiB, False, "NVIDIA T4 data sheet: 16 GB GDDR6, Turing sm_75"),
-    "L4-24GB": GPUSpec("L4-24GB", 24 * GiB, True, "NVIDIA L4 data sheet: 24 GB GDDR6, Ada sm_89"),
-    "RTX4090-24GB": GPUSpec("RTX4090-24GB", 24 * GiB, True, "GeForce RTX 4090 spec: 24 GB GDDR6X, Ada sm_89"),
-    "A100-40GB": GPUSpec("A100-40GB", 40 * GiB, True, "NVIDIA A100 data sheet: 40 GB HBM2, Ampere sm_80"),
-    "A100-80GB": GPUSpec("A100-80GB", 80 * GiB, True, "NVIDIA A100 data sheet: 80 GB HBM2e, Ampere sm_80"),
-    "H100-80GB": GPUSpec("H100-80GB", 80 * GiB, True, "NVIDIA H100 SXM data sheet: 80 GB HBM3, Hopper sm_90"),
+    "T4-16GB": _spec("T4-16GB", 15095 * MiB, False,
+                     "Tesla T4 on Colab, driver 12.4: deviceQuery 'Global Memory 15095 MBytes' (github.com/"
+                     "sylvia-ymlin/cuda-kernels-from-scratch README.md); Colab OOM messages print 'total capacity "
+                     "of 14.74 GiB'. Other hosts' drivers report 14.56 GiB (github.com/Zheng-Chong/CatVTON "
+                     "issue 133). Turing sm_75: no bf16 tensor cores."),
+    "L4-24GB": _spec("L4-24GB", 23570219008, True,
+                     "NVIDIA L4: torch.cuda.get_device_properties(0).total_memory = 23570219008 bytes with torch "
+                     "2.4.0+cu121, as public GPU benchmark reports print it (nvidia-smi lists 23034 MiB); other "
+                     "drivers print 'total capacity of 22.03 GiB' (github.com/ArcInstitute/evo2 issue 190). Ada sm_89."),
+    "RTX4090-24GB": _spec("RTX4090-24GB", 25386352640, True,
+                          "GeForce RTX 4090, driver 12.4: deviceQuery '24210 MBytes (25386352640 bytes)' "
+                          "(github.com/thamada/nvidia-smi gls/RTX4090_deviceQuery.py). Ada sm_89."),
+    "A100-40GB": _spec("A100-40GB", 42298834944, True,
+                       "A100-SXM4-40GB, driver 12.2: deviceQuery '40339 MBytes (42298834944 bytes)' "
+                       "(github.com/bottlerocket-os/bottlerocket pull request 3873). Ampere sm_80."),
+    "A100-80GB": _spec("A100-80GB", 85100068864, True,
+                       "A100-SXM4-80GB, driver 12.5: deviceQuery '81158 MBytes (85100068864 bytes)' "
+                       "(github.com/thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py). Ampere sm_80."),
+    "H100-80GB": _spec("H100-80GB", 85045477376, True,
+                       "H100 80GB HBM3 (SXM), driver 12.7: deviceQuery '81106 MBytes (85045477376 bytes)' "
+                       "(github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py). Hopper sm_90."),
 }
 
 
+def lookup_preset(name: str) -> GPUSpec:
+    """The preset called `name`, ignoring case ("t4-16gb" works); a near miss ("A100", "t4") raises a
+    ValueError that lists the presets it could mean."""
+    if not isinstance(name, str):
+        raise TypeError(f"preset must be a str, got {type(name).__name__}")
+    by_lower = {k.lower(): k for k in PRESETS}
+    key = name.strip().lower()
+    if key in by_lower:
+        return PRESETS[by_lower[key]]
+    guesses = [k for k in PRESETS if k.lower().startswith(key.split("-")[0])] if key else []
+    guesses += [by_lower[g] for g in difflib.get_close_matches(key, list(by_lower), n=3, cutoff=0.75)
+                if by_lower[g] not in guesses]
+    hint = f" Did you mean {' or '.join(repr(g) for g in guesses)}?" if guesses else ""
+    raise ValueError(f"unknown preset {name!r}.{hint} Presets: {sorted(PRESETS)}; or pass capacity_gb=")
+
+
+# ----------------------------------------------------------------------------- CUDA's autocast lists
+# PyTorch docs, "Automatic Mixed Precision package - torch.amp", Autocast Op Reference, "CUDA Ops that can
+# autocast to float32". The CPU lists leave softmax, log_softmax, layer_norm, sum, exp, pow, rsqrt ... off any
+# list (they follow their input's dtype), so a virtual GPU running CPU autocast would keep 16-bit copies where
+# CUDA keeps fp32 ones. `cuda_autocast` casts the inputs of these ops to fp32, as CUDA autocast does.
+CUDA_FP32_OPS = frozenset("""__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits cosh
+    cosine_embedding_loss cdist cosine_similarity cross_entropy cumprod cumsum dist erfinv exp expm1 group_norm
+    hinge_embedding_loss kl_div l1_loss layer_norm log log_softmax log10 log1p log2 margin_ranking_loss mse_loss
+    multilabel_margin_loss multi_margin_loss nll_loss norm normalize pdist poisson_nll_loss pow prod reciprocal
+    rsqrt sinh smooth_l1_loss soft_margin_loss softmax softmin softplus sum renorm tan triplet_margin_loss""".split())
+# on CUDA's lower-precision list but not on the CPU's (the CPU list has the rest: linear, matmul, mm, bmm, ...)
+CUDA_LOW_OPS = frozenset("addmv addr mv chain_matmul multi_dot".split())
+# on the CPU's lower-precision list but not on CUDA's: on CUDA they run in their inputs' dtype
+CPU_ONLY_LOW_OPS = frozenset({"scaled_dot_product_attention"})
+
+
+class _CudaAutocastLists(TorchFunctionMode):
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if torch.is_autocast_enabled("cpu") and kwargs.get("dtype") is None:
+            if name in CUDA_FP32_OPS or name in CUDA_LOW_OPS:
+                to = torch.float32 if name in CUDA_FP32_OPS else self.dtype
+                cast = (lambda t: t.to(to) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                        and t.dtype != torch.float64 else t)
+                args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+            elif name in CPU_ONLY_LOW_OPS:
+                with torch.autocast("cpu", enabled=False):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+class cuda_autocast:
+    """`torch.autocast` for the virtual GPU's (CPU-device) fake tensors with CUDA's op lists: matmuls in
+    `dtype`, the CUDA float32 list (softmax, log_softmax, layer_norm, sum, exp, pow, rsqrt, the losses ...)
+    in fp32. Bytes then match a CUDA run; `VirtualGPU.autocast(dtype, op_lists="cpu")` gives the CPU lists."""
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16):
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        self._autocast, self._mode = torch.autocast("cpu", dtype=dtype), _CudaAutocastLists(dtype)
+
+    def __enter__(self):
+        self._autocast.__enter__()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return self._autocast.__exit__(*exc)
+
+
+class _VirtualGradScaler(torch.amp.GradScaler):
+    """GradScaler whose step() does not read found_inf (fake tensors have no values): it always steps.
+    Scaling the loss and unscaling the gradients in place allocate exactly what the real scaler allocates."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- results
 @dataclass
 class VirtualRun:
     """What one `VirtualGPU.run` saw."""
@@ -82,6 +198,7 @@ class VirtualRun:
     oom_message: str | None
     tracker: MemoryTracker
     value: object = None       # what the step function returned
+    request: int = 0           # at an OOM: the bytes of the allocation that failed (0 if it fit)
 
     @property
     def headroom(self) -> int:
@@ -93,38 +210,36 @@ class VirtualRun:
                 f"of {format_bytes(self.gpu.capacity)} ({100 * self.peak / self.gpu.capacity:.1f}%), "
                 f"in phase '{self.peak_phase}', {self.seconds:.1f} s on this machine")
         rows = [f"  {c:<12} {format_bytes(b):>12}" for c, b in self.peak_breakdown.items()]
+        if not self.fits:
+            rows.append(f"  {'+ failed request':<12} {format_bytes(self.request):>8}")
         return "\n".join([head, *rows])
 
 
 class VirtualGPU:
     """A GPU of a given capacity that exists only as a byte count.
 
-    VirtualGPU("A100-80GB"), VirtualGPU(capacity_gb=12), or
-    VirtualGPU("T4-16GB", capacity_gb=15) to override a preset's capacity.
+    VirtualGPU("A100-80GB") (names ignore case), VirtualGPU(capacity_gb=12) (GiB), or
+    VirtualGPU("T4-16GB", capacity_gb=15) to override a preset's capacity. `reserve_gb` keeps that
+    many GiB out of reach, e.g. `reserve_gb=memlab.virtual_gpu.CUDA_CONTEXT_GB` for the CUDA context.
     """
 
     device = torch.device("cpu")   # the device fake tensors report (see the module docstring)
 
-    def __init__(self, preset: str | None = None, *, capacity_gb: float | None = None):
+    def __init__(self, preset: str | None = None, *, capacity_gb: float | None = None, reserve_gb: float = 0.0):
         if preset is None and capacity_gb is None:
             raise ValueError(f"give a preset (one of {sorted(PRESETS)}) or capacity_gb")
-        if preset is not None:
-            if not isinstance(preset, str):
-                raise TypeError(f"preset must be a str, got {type(preset).__name__}")
-            if preset not in PRESETS:
-                raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)} "
-                                 f"or pass capacity_gb=")
-            spec = PRESETS[preset]
-        else:
-            spec = GPUSpec("custom", 0, True, "custom capacity")
+        spec = lookup_preset(preset) if preset is not None else GPUSpec("custom", 0, True, "custom capacity")
         if capacity_gb is not None:
-            if isinstance(capacity_gb, bool) or not isinstance(capacity_gb, (int, float)):
-                raise TypeError(f"capacity_gb must be a number, got {type(capacity_gb).__name__}")
-            if not capacity_gb > 0:
-                raise ValueError(f"capacity_gb must be > 0, got {capacity_gb}")
-            name = spec.name if preset is None else f"{spec.name}@{capacity_gb:g}GiB"
-            spec = GPUSpec(f"custom-{capacity_gb:g}GiB" if preset is None else name,
-                           int(capacity_gb * GiB), spec.bf16, spec.note)
+            _check_gib("capacity_gb", capacity_gb, positive=True)
+            name = f"custom-{capacity_gb:g}GiB" if preset is None else f"{spec.name}@{capacity_gb:g}GiB"
+            spec = GPUSpec(name, int(capacity_gb * GiB), spec.bf16, spec.note)
+        _check_gib("reserve_gb", reserve_gb, positive=False)
+        if reserve_gb:
+            if reserve_gb * GiB >= spec.capacity:
+                raise ValueError(f"reserve_gb ({reserve_gb}) must be less than the capacity "
+                                 f"({spec.capacity / GiB:.2f} GiB)")
+            spec = GPUSpec(f"{spec.name}-{reserve_gb:g}GiB reserved", spec.capacity - int(reserve_gb * GiB),
+                           spec.bf16, spec.note)
         self.spec = spec
 
     @property
@@ -138,11 +253,20 @@ class VirtualGPU:
     def __repr__(self) -> str:
         return f"VirtualGPU({self.spec.name!r}, capacity={format_bytes(self.spec.capacity)})"
 
-    def autocast(self, dtype: torch.dtype = torch.bfloat16):
-        """torch.autocast for the virtual GPU's tensors (CPU op lists; see module docstring)."""
+    def autocast(self, dtype: torch.dtype = torch.bfloat16, op_lists: str = "cuda"):
+        """torch.autocast for the virtual GPU's tensors. op_lists="cuda" (default): CUDA's op lists
+        (`cuda_autocast`); "cpu": PyTorch's CPU lists, as plain torch.autocast("cpu") applies them."""
+        if op_lists not in ("cuda", "cpu"):
+            raise ValueError(f"op_lists must be 'cuda' or 'cpu', got {op_lists!r}")
         if dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-        return torch.autocast(self.device.type, dtype=dtype)
+        return cuda_autocast(dtype) if op_lists == "cuda" else torch.autocast(self.device.type, dtype=dtype)
+
+    def grad_scaler(self, **kwargs) -> torch.amp.GradScaler:
+        """A torch.amp.GradScaler for fp16 steps on the virtual GPU. The real scaler's step() reads
+        found_inf with .item(), which fake tensors cannot answer; this one always steps. Its tensors
+        (the scaled loss, the in-place unscale) are the real scaler's."""
+        return _VirtualGradScaler(self.device.type, **kwargs)
 
     def run(self, step, *args, catch_oom: bool = False, timeline: bool = False, **kwargs) -> VirtualRun:
         """Run `step(*args, **kwargs)` on fake tensors against this GPU's capacity.
@@ -166,16 +290,34 @@ class VirtualGPU:
                 if not catch_oom:
                     raise
                 oom = str(e)
+            except DataDependentOutputException as e:
+                raise RuntimeError(
+                    f"the step read a tensor's value ({e}): on the virtual GPU tensors are fake, with shapes "
+                    f"but no data, so .item(), float(t), print(t), `if t > 0:` and a GradScaler's step() "
+                    f"cannot run. Return the tensor (or nothing) instead of its value, use memlab.train_step "
+                    f"(it returns nan for a fake loss), and gpu.grad_scaler() for fp16 loss scaling.") from None
         seconds = time.perf_counter() - t0
+        request = 0
         if oom is not None:
             info = tracker.oom
-            peak = sum(info["live"].values()) + info["request"]
+            request = info["request"]
+            peak = sum(info["live"].values()) + request
             breakdown, ph = info["live"], info["phase"]
         else:
             peak, breakdown, ph = tracker.peak, tracker.peak_breakdown, tracker.peak_phase
         return VirtualRun(self.spec, oom is None, peak, breakdown, tracker.phase_peaks, ph, seconds, oom,
-                          tracker, value)
+                          tracker, value, request)
 
     def fits(self, step, *args, **kwargs) -> bool:
         """True if `step` runs within capacity."""
         return self.run(step, *args, catch_oom=True, **kwargs).fits
+
+
+def _check_gib(name, v, positive):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number of GiB, got {type(v).__name__}")
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number of GiB, got {v}: for a GPU that never runs out, "
+                         f"pass a large finite size such as capacity_gb=4096")
+    if (v <= 0) if positive else (v < 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'} GiB, got {v}")

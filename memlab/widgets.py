@@ -1,15 +1,17 @@
 """An interactive memory calculator (ipywidgets): pick a model size, a
-precision and an optimizer, and see model-state bytes against each GPU preset.
+training layout and an optimizer, and see model-state bytes against each GPU
+preset's real capacity.
 
 The numbers come from `memlab.estimate.model_state_bytes` (weights, gradients,
-optimizer state), plus the optimizer-step scratch of a foreach (CUDA-default)
-Adam step; activations depend on the model's shape, so they are left to the
-lessons that measure them.
+optimizer state in a layout of `memlab.estimate.LAYOUTS`), plus, optionally,
+the scratch of a foreach (CUDA-default) Adam step, a transient of step() that
+fused=True does not have. Activations depend on the model's shape, so they are
+left to the lessons that measure them.
 """
 
 from __future__ import annotations
 
-from .estimate import model_state_bytes
+from .estimate import LAYOUTS, model_state_bytes, optimizer_step_temp_bytes
 from .track import format_bytes
 from .virtual_gpu import PRESETS
 
@@ -17,41 +19,55 @@ __all__ = ["memory_calculator", "calculator_rows"]
 
 
 def calculator_rows(billions: float, precision: str, optimizer: str, foreach_step: bool = True) -> list[str]:
-    """The calculator's output as text lines (also used without widgets)."""
-    if isinstance(billions, bool) or not isinstance(billions, (int, float)) or billions <= 0:
+    """The calculator's table as text lines, with a title line that says what it shows."""
+    if isinstance(billions, bool) or not isinstance(billions, (int, float)) or not 0 < billions < 1e6:
         raise ValueError(f"billions must be a positive number of parameters in billions, got {billions!r}")
-    n = int(billions * 1e9)
-    st = model_state_bytes(n, precision, optimizer)
-    scratch = 4 * n if (foreach_step and optimizer == "adam" and precision != "bf16") else 0
-    total = sum(st.values()) + scratch
-    rows = [f"{k:<11} {format_bytes(v):>12}  ({v / n:.0f} B/param)" for k, v in st.items()]
+    n = round(billions * 1e9)
+    st = model_state_bytes(n, precision, optimizer)          # checks precision and optimizer
+    # the optimizer updates fp32 values (the weights or the master copy) except in pure bf16
+    scratch = optimizer_step_temp_bytes([n], optimizer, foreach=True,
+                                        bytes_per_element=2 if precision == "bf16" else 4) if foreach_step else 0
     states = sum(st.values())
-    rows.append(f"{'states':<11} {format_bytes(states):>12}  ({states / n:.0f} B/param): weights + grads + optimizer")
+    total = states + scratch
+    rows = [f"Model states of a {n / 1e9:,.2f}B-parameter model, layout '{precision}' "
+            f"({LAYOUTS[precision].what}), optimizer {optimizer}:"]
+    rows += [f"  {k:<12} {format_bytes(v):>12}  ({v / n:.0f} B/param)" for k, v in st.items()]
+    rows.append(f"  {'states':<12} {format_bytes(states):>12}  ({states / n:.0f} B/param): weights + grads + optimizer")
     if scratch:
-        rows.append(f"{'step temp':<11} {format_bytes(scratch):>12}  (4 B/param: foreach Adam's sqrt buffer)")
-    rows.append(f"{'total':<11} {format_bytes(total):>12}  ({total / n:.0f} B/param), before activations")
+        rows.append(f"  {'step scratch':<12} {format_bytes(scratch):>12}  ({scratch / n:.0f} B/param: foreach Adam's "
+                    f"sqrt buffer, only during step(); 0 with fused=True)")
+    rows.append(f"  {'total':<12} {format_bytes(total):>12}  ({total / n:.0f} B/param), before activations")
+    rows.append("Does that fit? (capacity = total_memory the card reports; the CUDA context needs a few hundred "
+                "MiB more)")
     for name, spec in PRESETS.items():
         verdict = "fits" if total <= spec.capacity else "does NOT fit"
         rows.append(f"  {name:<13} {format_bytes(spec.capacity):>10}: {verdict}")
     return rows
 
 
-def memory_calculator():
-    """Show the calculator in a notebook (needs ipywidgets)."""
-    import ipywidgets as W
-    from IPython.display import display
+def memory_calculator(billions: float = 7.0, precision: str = "fp32", optimizer: str = "adamw"):
+    """Show the calculator in a notebook: one labelled table that follows the controls (needs ipywidgets;
+    without it, the table for the given arguments is printed)."""
+    calculator_rows(billions, precision, optimizer)          # check the arguments first
+    try:
+        import ipywidgets as W
+        from IPython.display import display
+    except ImportError:
+        print("\n".join(calculator_rows(billions, precision, optimizer)))
+        return None
 
-    size = W.FloatLogSlider(value=7, base=10, min=-1, max=2.5, step=0.05, description="params (B)")
-    prec = W.Dropdown(options=["fp32", "amp", "bf16"], value="fp32", description="precision")
-    opt = W.Dropdown(options=["adam", "momentum", "sgd"], value="adam", description="optimizer")
+    size = W.BoundedFloatText(value=billions, min=0.01, max=2000, step=0.5, description="params (B)")
+    prec = W.Dropdown(options=list(LAYOUTS), value=precision, description="layout")
+    opt = W.Dropdown(options=["adamw", "adam", "momentum", "sgd"], value=optimizer, description="optimizer")
+    step = W.Checkbox(value=True, description="foreach step scratch (CUDA default)")
     out = W.Output()
 
     def update(*_):
         out.clear_output()
         with out:
-            print("\n".join(calculator_rows(size.value, prec.value, opt.value)))
+            print("\n".join(calculator_rows(size.value, prec.value, opt.value, step.value)))
 
-    for w in (size, prec, opt):
+    for w in (size, prec, opt, step):
         w.observe(update, names="value")
     update()
-    display(W.VBox([W.HBox([size, prec, opt]), out]))
+    display(W.VBox([W.HBox([size, prec, opt]), step, out]))

@@ -101,7 +101,7 @@ def train_1b3_fixed(size="full", data=None):
     model = build_gpt("gpt-1.3b", size)
     opt = torch.optim.SGD(model.parameters(), lr=2e-4, foreach=True)
     memlab.watch(model, opt)
-    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)
     with memlab.phase("forward"):
         loss = model(x, y)
     with memlab.phase("backward"):
@@ -118,7 +118,7 @@ def train_1b3_fixed(size="full", data=None):
     model = build_gpt("gpt-1.3b", size)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=True)
     memlab.watch(model, opt)
-    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 2)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)
     with memlab.phase("forward"):
         loss = model(x, y)
     with memlab.phase("backward"):
@@ -274,6 +274,23 @@ def evaluate_fixed(size="full", data=None):
     return torch.stack(losses)
 '''
 
+# correct, written differently: the fused AdamW kernel (one kernel, no foreach copy of the parameters)
+_FUSED_ADAMW = '''
+def train_1b3_fixed(size="full", data=None):
+    model = build_gpt("gpt-1.3b", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, fused=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
 WRONG.update({
     "doubling_ignores_a_limit_that_is_not_a_power_of_two": {
         "replace": {"task4_5_find_max_batch_size": _DOUBLING_IGNORES_LIMIT},
@@ -284,10 +301,11 @@ WRONG.update({
         "must_lose": ["task4_6_leak_detector_hidden"],
         "must_keep": ["task4_5_find_max_batch_size_hidden"]},
     # correct alternatives keep their points; each is paired with a mistake in another task, which loses
-    "eight_micro_batches_and_inference_mode": {
+    "eight_micro_batches_inference_mode_fused_adamw": {
         "replace": {"task4_1_big_batch": _EIGHT_MICRO_BATCHES, "task4_2_eval_no_grad": _INFERENCE_MODE,
-                    "task4_6_leak_detector": _LEAK_FROM_BEFORE_FIRST_STEP},
+                    "task4_4_optimizer_step": _FUSED_ADAMW, "task4_6_leak_detector": _LEAK_FROM_BEFORE_FIRST_STEP},
         "must_lose": ["task4_6_leak_detector_visible", "task4_6_leak_detector_hidden"],
         "must_keep": ["task4_1_big_batch_visible", "task4_1_big_batch_hidden", "task4_2_eval_no_grad_visible",
-                      "task4_2_eval_no_grad_hidden"]},
+                      "task4_2_eval_no_grad_hidden", "task4_4_optimizer_step_visible",
+                      "task4_4_optimizer_step_hidden"]},
 })
