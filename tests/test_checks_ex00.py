@@ -9,6 +9,8 @@ import random
 import nbformat
 import pytest
 import torch
+
+import memlab
 from torch.utils.flop_counter import FlopCounterMode
 
 from _nb import ROOT, grade_id, is_solution, solved_code
@@ -126,11 +128,11 @@ def test_storage_reference_on_many_random_chains():
 
 
 def test_tracker_is_refused_and_restored():
-    enter = ex00.memlab.MemoryTracker.__enter__
+    enter = memlab.MemoryTracker.__enter__
     with pytest.raises(AssertionError, match="off limits"):
         check(ex00.TASKS["task0_4_new_storage_bytes"], hidden=False,
               new_storage_bytes=_namespace(wrong.WRONG["uses_the_tracker"]["replace"])["new_storage_bytes"])
-    assert ex00.memlab.MemoryTracker.__enter__ is enter
+    assert memlab.MemoryTracker.__enter__ is enter
 
 
 def test_calls_into_memlab_hierarchy_are_detected(monkeypatch, tmp_path):
