@@ -4,7 +4,6 @@ references; and the guard every task of exercise 00 runs the learner's code unde
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import statistics
 import time
