@@ -102,6 +102,9 @@ def test_wrong_submissions_lose_their_points(graded):
         for gid in w["must_lose"]:
             if got.get(gid, (None,))[0] != 0:
                 problems.append(f"{name}: {gid} should score 0, scored {got.get(gid)}")
+            elif len(res.reasons.get(who, {}).get(gid) or "") < 40:
+                problems.append(f"{name}: {gid} lost its points without a message that teaches: "
+                                f"{res.reasons.get(who, {}).get(gid)!r}")
         for gid in w.get("must_keep", []):
             if gid in res.excused[name]:
                 continue
