@@ -130,10 +130,10 @@ CUDA_FP32_OPS = frozenset("""__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin bi
     hinge_embedding_loss kl_div l1_loss layer_norm log log_softmax log10 log1p log2 margin_ranking_loss mse_loss
     multilabel_margin_loss multi_margin_loss nll_loss norm normalize pdist poisson_nll_loss pow prod reciprocal
     rsqrt sinh smooth_l1_loss soft_margin_loss softmax softmin softplus sum renorm tan triplet_margin_loss""".split())
-# on CUDA's lower-precision list but not on the CPU's (the CPU list has the rest: linear, matmul, mm, bmm, ...)
+# on CUDA's lower-precision list but not on the CPU's (the CPU list has the rest: linear, matmul, mm, bmm, and
+# scaled_dot_product_attention, which both lists run in the autocast dtype: aten/src/ATen/autocast_mode.cpp,
+# KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp))
 CUDA_LOW_OPS = frozenset("addmv addr mv chain_matmul multi_dot".split())
-# on the CPU's lower-precision list but not on CUDA's: on CUDA they run in their inputs' dtype
-CPU_ONLY_LOW_OPS = frozenset({"scaled_dot_product_attention"})
 
 
 class _CudaAutocastLists(TorchFunctionMode):
@@ -150,9 +150,6 @@ class _CudaAutocastLists(TorchFunctionMode):
                 cast = (lambda t: t.to(to) if isinstance(t, torch.Tensor) and t.is_floating_point()
                         and t.dtype != torch.float64 else t)
                 args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-            elif name in CPU_ONLY_LOW_OPS:
-                with torch.autocast("cpu", enabled=False):
-                    return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 
