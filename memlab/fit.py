@@ -6,8 +6,10 @@ training step (or a prefill) of it under memlab's tracker: forward, backward, op
 options asked for. What it reports is what PyTorch would allocate, by category and by phase.
 
 Speed: every decoder layer is the same, so each phase's peak is linear in the number of layers. `fit`
-runs the model cut to 1 and 2 layers and extends each phase's peak (every category of it) to L layers:
-peak(L) = peak(1) + (L - 1) * (peak(2) - peak(1)). tests/test_fit.py checks this against full-depth runs.
+runs the model cut to 2 and 3 layers (layer 0 differs: its input needs no gradient) and extends each phase's
+peak (every category of it) to L layers: peak(L) = peak(2) + (L - 2) * (peak(3) - peak(2)).
+tests/test_fit.py checks this against full-depth runs: exact to the byte for the plans it tries, except
+precision="amp" whose forward peak moves with depth (within 2% there).
 
 What is run, and what is computed on top (`memlab.fit_search` has the search and the CLI):
   run        method, precision, optimizer, checkpointing, micro_batch, attention, mode

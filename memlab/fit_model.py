@@ -117,7 +117,7 @@ class _Linear4bitBiasStandIn(Linear4bitStandIn):
 
     def __init__(self, in_features, out_features, **kw):
         super().__init__(in_features, out_features, **kw)
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features, device=kw.get("device")), requires_grad=False)
 
     def forward(self, x):
         return super().forward(x) + self.bias.to(x.dtype)
