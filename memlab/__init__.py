@@ -13,11 +13,16 @@ from .timing import copy_bandwidth, time_fn
 # hierarchy and timing (00), attention (05), quant, qlora and llama (07)
 from . import estimate, plot, recorded, hierarchy, timing, attention  # noqa: E402
 from . import llama, qlora, quant  # noqa: E402  (07: torch only at import)
+# will it fit: transformers and peft load inside the functions (memlab.fit names the function below;
+# the module is memlab.fit in sys.modules: `from memlab.fit import load_config` works)
+from .fit import FitResult, fit, fit_presets  # noqa: E402
+from .fit_search import fit_search  # noqa: E402
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
            "naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status",
-           "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn"]
+           "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn",
+           "fit", "fit_search", "FitResult", "fit_presets"]
 __version__ = "0.1.0"
 
 # The one place the course's GitHub repository is named: Colab badges and the

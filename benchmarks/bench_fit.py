@@ -1,0 +1,104 @@
+"""memlab.fit against the model-state estimators, at full size, and its speed.
+
+For each shipped 7B-class config, one training step at batch 1 x seq 512 on an A100-80GB:
+  fit          memlab.fit's peak (virtual GPU, extended from 2 and 3 layers), full fine-tuning, precision
+               "mixed" (bf16 weights + fp32 master, AdamW: 16 B/param of model states) and "bf16"
+  accelerate   `accelerate estimate-memory`'s training figure for bf16: max of estimate_training_usage
+               (model states only, batch 1, no activations)
+  ds-zero2/3   DeepSpeed's estimate_zero2/zero3_model_states_mem_needs, 1 GPU, no offload (model states)
+and the time of each fit (first call per plan: it runs the virtual step) and of one fit_search.
+The real-tensor check (memlab's tracker on real CPU tensors vs fit, to the byte) runs on a tiny Llama.
+
+    python benchmarks/bench_fit.py [--models llama-2-7b mistral-7b ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SEVEN_B = ["llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b"]
+GiB = 2**30
+
+
+def _ds(n: int, largest: int):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    _, z2 = estimate_zero2_model_states_mem_needs(n, 1, 1, cpu_offload=False)
+    _, z3, _ = estimate_zero3_model_states_mem_needs(n, largest, 1, 1, cpu_offload=False, cpu_offload_params=False)
+    return z2, z3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", default=SEVEN_B)
+    args = ap.parse_args(argv)
+    import memlab
+    from memlab.llama import silence_libraries
+    silence_libraries()
+    from accelerate.commands.estimate import estimate_training_usage
+
+    print("| model | params | fit mixed (s) | fit bf16 (s) | fit mixed, ckpt full | accelerate bf16 | "
+          "DeepSpeed ZeRO-2 | DeepSpeed ZeRO-3 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        t = time.perf_counter()
+        mixed = memlab.fit(name, "A100-80GB", precision="mixed")
+        t_mixed = time.perf_counter() - t
+        t = time.perf_counter()
+        bf16 = memlab.fit(name, "A100-80GB", precision="bf16")
+        t_bf16 = time.perf_counter() - t
+        ck = memlab.fit(name, "A100-80GB", precision="mixed", checkpointing="full")
+        n = mixed.n_params
+        acc = max(estimate_training_usage(4 * n, "bfloat16").values())
+        from memlab.fit import load_config
+        cfg = load_config(name)
+        largest = max(cfg.vocab_size * cfg.hidden_size, mixed.n_params // cfg.num_hidden_layers)
+        z2, z3 = _ds(n, largest)
+        g = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+        print(f"| {name} | {n / 1e9:.2f}B | {g(mixed.peak)} ({t_mixed:.1f}) | {g(bf16.peak)} ({t_bf16:.1f}) | "
+              f"{g(ck.peak)} | {g(acc)} | {g(z2)} | {g(z3)} |")
+
+    print("\nmodel states of fit mixed vs 16 B/param:")
+    r = memlab.fit(args.models[0], "A100-80GB", precision="mixed")
+    print(f"  {args.models[0]}: {sum(r.model_states.values()) / r.n_params:.3f} B/param "
+          f"({', '.join(f'{k} {v / GiB:.2f} GiB' for k, v in r.model_states.items())})")
+
+    print("\nspeed (this machine; noisy when it is shared):")
+    from memlab.fit_run import clear_cache
+    for name in args.models[:1]:
+        clear_cache()
+        t = time.perf_counter()
+        memlab.fit(name, "L4-24GB", batch=4, seq=1024, method="qlora", checkpointing="full")
+        print(f"  fit {name} qlora, batch 4 x 1024, first call: {time.perf_counter() - t:.1f} s")
+        clear_cache()
+        t = time.perf_counter()
+        plans = memlab.fit_search(name, "L4-24GB", batch=4, seq=1024)
+        print(f"  fit_search {name} on L4-24GB, batch 4 x 1024: {time.perf_counter() - t:.1f} s, "
+              f"{len(plans)} plans; cheapest: {plans[0].plan['method']}, checkpointing "
+              f"{plans[0].plan['checkpointing']}, micro-batch {plans[0].plan['micro_batch'] or 4}" if plans else
+              f"  fit_search: nothing fits ({time.perf_counter() - t:.1f} s)")
+
+    print("\nreal CPU tensors (memlab tracker) vs fit (virtual GPU), tiny Llama, seq 256:")
+    from memlab.fit import Plan, _dtype
+    from memlab.fit_model import fit_step, skeleton
+    from memlab.track import MemoryTracker
+    tiny = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    for kw in (dict(), dict(method="lora"), dict(method="qlora", checkpointing="full"), dict(precision="amp"),
+               dict(precision="mixed", checkpointing="selective")):
+        plan = Plan(seq=256, **kw)
+        sk, info = skeleton(load_config(tiny), plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+        trk = MemoryTracker(device="cpu", round_to=512)
+        with trk:
+            fit_step(sk, info, plan)
+        r = memlab.fit(tiny, 1, seq=256, **kw)
+        print(f"  {kw or 'full bf16'}: real {trk.peak} B, fit {r.peak} B, difference {trk.peak - r.peak} B")
+
+
+if __name__ == "__main__":
+    main()

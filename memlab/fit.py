@@ -1,0 +1,273 @@
+"""Will this model train (or serve) on this GPU, and with what turned on?
+
+`fit(model, gpu, ...)` builds the Hugging Face model from its config on the meta device, gives it fake
+storage inside `memlab.VirtualGPU` (nothing is allocated, no weights are downloaded) and runs one real
+training step (or a prefill) of it under memlab's tracker: forward, backward, optimizer step, with the
+options asked for. What it reports is what PyTorch would allocate, by category and by phase.
+
+Speed: every decoder layer is the same, so each phase's peak is linear in the number of layers. `fit`
+runs the model cut to 2 and 3 layers (layer 0 differs: its input needs no gradient) and extends each phase's
+peak (every category of it) to L layers: peak(L) = peak(2) + (L - 2) * (peak(3) - peak(2)).
+tests/test_fit.py checks this against full-depth runs: exact to the byte for the plans it tries, except
+precision="amp" whose forward peak moves with depth (within 2% there).
+
+What is run, and what is computed on top (`memlab.fit_search` has the search and the CLI):
+  run        method, precision, optimizer, checkpointing, micro_batch, attention, mode
+  computed   ZeRO stage / gpus and offload: the per-rank partition of the run's model states
+             (Rajbhandari et al. 2020, section 5), see `shard_phases`.
+Not modelled: the CUDA context and cuBLAS workspaces (keep `headroom` for them), allocator fragmentation,
+DDP's gradient buckets, padding (sequences are full, causal attention is sdpa's is_causal).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+import torch.nn as nn
+
+from .track import CATEGORIES, active_trackers, format_bytes, phase, watch
+
+__all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
+
+GiB = 2**30
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
+CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "mixed"),
+           "optimizer": ("adamw", "adamw8bit", "sgd"), "checkpointing": ("none", "full", "selective"),
+           "zero": (0, 1, 2, 3), "mode": ("train", "inference"), "attention": ("sdpa", "eager")}
+_ALIASES = {"gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "llama2-7b": "llama-2-7b"}
+
+
+# ----------------------------------------------------------------------------- configs
+def fit_presets() -> list[str]:
+    """Names of the shipped model configs (memlab/configs/*.json, Hugging Face config.json contents)."""
+    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
+
+
+def load_config(model):
+    """A transformers PretrainedConfig from a preset name (`fit_presets()`), a path to a config.json (or to
+    the folder holding one), a dict of config.json contents, or a PretrainedConfig (copied)."""
+    from transformers import AutoConfig, PretrainedConfig
+    from .llama import silence_libraries
+    silence_libraries()
+    if isinstance(model, PretrainedConfig):
+        return copy.deepcopy(model)
+    if isinstance(model, dict):
+        d = dict(model)
+    elif isinstance(model, (str, os.PathLike)):
+        name = str(model).strip()
+        key = _ALIASES.get(name.lower(), name.lower())
+        path = os.path.join(CONFIG_DIR, key + ".json") if key in fit_presets() else name
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"model must be a preset ({', '.join(fit_presets())}), a path to a config.json, a "
+                             f"dict or a transformers PretrainedConfig; {name!r} is none of these")
+        with open(path) as f:
+            d = json.load(f)
+    else:
+        raise TypeError(f"model must be a preset name, a config.json path, a dict or a PretrainedConfig, "
+                        f"got {type(model).__name__}")
+    if "model_type" not in d:
+        raise ValueError("model: the config has no 'model_type' (a Hugging Face config.json names it)")
+    d = {k: v for k, v in d.items() if k not in ("transformers_version", "_name_or_path")}
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def _cut(cfg, layers: int):
+    """A copy of cfg with `layers` decoder layers (per-layer lists cut to match)."""
+    c = copy.deepcopy(cfg)
+    c.num_hidden_layers = layers
+    if isinstance(getattr(c, "layer_types", None), list):
+        c.layer_types = c.layer_types[:layers]
+    c.use_cache = False
+    return c
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Plan:
+    """The options of one `fit` (see `fit` for their meaning)."""
+    batch: int = 1
+    seq: int = 512
+    method: str = "full"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    checkpointing: str = "none"
+    zero: int = 0
+    gpus: int = 1
+    mode: str = "train"
+    micro_batch: int | None = None
+    offload: bool = False
+    attention: str = "sdpa"
+    lora_r: int = 16
+
+    def check(self) -> "Plan":
+        for name in ("batch", "seq", "gpus", "lora_r"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, allowed in CHOICES.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or v not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {v!r}")
+        mb = self.micro_batch
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1 or self.batch % mb):
+            raise ValueError(f"micro_batch must be None or a positive int that divides batch ({self.batch}), "
+                             f"got {mb!r}")
+        if not isinstance(self.offload, bool):
+            raise TypeError(f"offload must be True or False, got {self.offload!r}")
+        if self.offload and self.zero < 1:
+            raise ValueError("offload=True needs zero >= 1: optimizer offload (ZeRO-Offload) is a ZeRO option")
+        if self.mode == "inference" and (self.zero or self.offload or self.micro_batch not in (None, self.batch)):
+            raise ValueError("mode='inference' takes no zero, offload or micro_batch (they are training options)")
+        if self.method == "qlora" and self.precision == "mixed":
+            raise ValueError("precision='mixed' is for full fine-tuning; with method='qlora' use 'bf16' "
+                             "(4-bit base, bf16 compute, fp32 adapters) or 'fp32'")
+        return self
+
+    @property
+    def micro(self) -> int:
+        return self.micro_batch or self.batch
+
+    @property
+    def steps_per_batch(self) -> int:
+        return self.batch // self.micro
+
+
+def _dtype(precision: str) -> torch.dtype:
+    return torch.float32 if precision in ("fp32", "amp") else torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- the result
+@dataclass
+class FitResult:
+    """What `fit` found. Bytes are per GPU (per rank with ZeRO)."""
+    peak: int                        # bytes at the step's peak
+    capacity: int                    # the GPU's total_memory, bytes
+    usable: int                      # capacity * (1 - headroom)
+    fits: bool                       # peak <= usable
+    by_category: dict[str, int]      # memlab.CATEGORIES at the peak
+    by_phase: dict[str, int]         # phase -> its peak bytes ("idle" is the model as loaded)
+    plan: dict                       # the options
+    cost: dict                       # recompute_flops, offload_bytes, steps_per_batch, comm_bytes (per step)
+    seconds: float                   # time to answer
+    model: str = ""
+    gpu: str = ""
+    peak_phase: str = ""
+    model_states: dict = field(default_factory=dict)   # parameters/gradients/optimizer per rank after the step
+    n_params: int = 0
+    trainable: int = 0
+
+    @property
+    def headroom_bytes(self) -> int:
+        """usable - peak (negative: it does not fit)."""
+        return self.usable - self.peak
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "headroom_bytes": self.headroom_bytes}
+
+    def __str__(self) -> str:
+        p = self.plan
+        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        h = 1 - self.usable / self.capacity if self.capacity else 0
+        lines = [f"{self.model} on {self.gpu}: {verdict}: peak {format_bytes(self.peak)} of "
+                 f"{format_bytes(self.usable)} usable ({format_bytes(self.capacity)} x (1 - {h:.2f} headroom))",
+                 f"  {p['mode']}, {p['method']}, {p['precision']}"
+                 f"{', ' + p['optimizer'] + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"
+                 f", batch {p['batch']}"
+                 f"{' (micro-batch ' + str(p['micro_batch']) + ')' if p['micro_batch'] else ''} x seq {p['seq']}"
+                 f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
+                 f"{', optimizer offloaded to CPU' if p['offload'] else ''}; "
+                 f"{self.n_params / 1e9:.2f}B parameters, {self.trainable / 1e6:.1f}M trainable",
+                 f"  {'category':<12} {'at peak':>11}     {'phase':<9} {'peak':>11}"]
+        phases = list(self.by_phase.items())
+        for i, c in enumerate(CATEGORIES):
+            right = f"     {phases[i][0]:<9} {format_bytes(phases[i][1]):>11}" if i < len(phases) else ""
+            lines.append(f"  {c:<12} {format_bytes(self.by_category.get(c, 0)):>11}{right}")
+        lines.append(f"  {'total':<12} {format_bytes(self.peak):>11}     (peak in phase '{self.peak_phase}')")
+        sign = "spare" if self.fits else "short"
+        lines.append(f"  headroom: {abs(self.headroom_bytes) / GiB:.2f} GiB {sign}; answered in {self.seconds:.1f} s")
+        c = self.cost
+        if p["mode"] == "train":
+            lines.append(f"  extra cost per step: recompute {c['recompute_flops'] / 1e12:.2f} TFLOP, offload "
+                         f"{format_bytes(c['offload_bytes'])} over PCIe, ZeRO/DP traffic {format_bytes(c['comm_bytes'])}"
+                         f" per rank, {c['steps_per_batch']} micro-batch(es)")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- fit
+def _gpu(gpu):
+    """(name, capacity bytes) from a preset name, a number of GiB, or a VirtualGPU."""
+    from .virtual_gpu import VirtualGPU, lookup_preset
+    if isinstance(gpu, VirtualGPU):
+        return gpu.name, gpu.capacity
+    if isinstance(gpu, str):
+        spec = lookup_preset(gpu)
+        return spec.name, spec.capacity
+    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+        if not math.isfinite(gpu) or gpu <= 0:
+            raise ValueError(f"gpu as a number is a capacity in GiB and must be > 0, got {gpu!r}")
+        return f"{gpu:g}GiB", int(gpu * GiB)
+    raise TypeError(f"gpu must be a preset name, a capacity in GiB or a memlab.VirtualGPU, got {type(gpu).__name__}")
+
+
+def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "bf16",
+        optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
+        micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
+        headroom: float = 0.05) -> FitResult:
+    """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
+    (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
+
+    model       a preset (`fit_presets()`), a path to a Hugging Face config.json, a dict or a PretrainedConfig
+    gpu         a memlab.virtual_gpu preset ("T4-16GB", "L4-24GB", "A100-80GB" ...: the real total_memory),
+                a capacity in GiB, or a memlab.VirtualGPU
+    method      "full" | "lora" (frozen base, fp32 adapters of rank lora_r on every linear but the head)
+                | "qlora" (the same on an NF4 base, the rest fp32: the QLoRA recipe, Dettmers et al. 2023)
+    precision   "fp32" | "amp" (fp32 weights, bf16 autocast with CUDA's op lists) | "bf16" (pure bf16:
+                weights, gradients and optimizer state) | "mixed" (bf16 weights and gradients + an fp32
+                master copy the optimizer updates; 16 bytes/param with Adam, the ZeRO paper's 2 + 2 + 12).
+                For lora/qlora it is the base's dtype; adapters stay fp32.
+    optimizer   "adamw" (torch, foreach) | "adamw8bit" (bitsandbytes' layout) | "sgd" (no momentum)
+    checkpointing "none" | "full" (every decoder layer) | "selective" (matmul outputs kept, the rest of
+                each layer recomputed: `memlab.fit_model.selective_policy`)
+    zero, gpus  ZeRO stage 0-3 on `gpus` data-parallel ranks: per-rank bytes (`memlab.fit_run.shard_phases`)
+    micro_batch gradient accumulation: micro-batches of this size (must divide batch)
+    offload     optimizer state and step on the CPU (ZeRO-Offload; needs zero >= 1)
+    headroom    the share of capacity kept free for what the virtual GPU does not see (the CUDA context,
+                cuBLAS workspaces, fragmentation): fits = peak <= capacity * (1 - headroom)
+    """
+    t0 = time.perf_counter()
+    plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
+                attention, lora_r).check()
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    gpu_name, capacity = _gpu(gpu)
+    cfg = load_config(model)
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    if limit and seq > limit:
+        raise ValueError(f"seq ({seq}) exceeds the model's max_position_embeddings ({limit})")
+    from .fit_run import measure, plan_cost, shard_phases
+    m = measure(cfg, plan)
+    info = m["info"]
+    phases = shard_phases(m["phases"], info, plan)
+    phases.pop("idle", None)          # before "load" and after the step: below the peak of those phases
+    top = max(phases, key=lambda ph: phases[ph]["total"])
+    peak = phases[top]["total"]
+    usable = int(capacity * (1 - headroom))
+    states = {}
+    if "states" in info:   # model states per rank just after the step: no bucket, nothing gathered
+        after = shard_phases({"after": {**info["states"], "activations": 0, "temporaries": 0}}, info, plan)
+        states = {k: after["after"][k] for k in ("parameters", "gradients", "optimizer")}
+    name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
+    return FitResult(peak=peak, capacity=capacity, usable=usable, fits=peak <= usable,
+                     by_category={c: phases[top][c] for c in CATEGORIES},
+                     by_phase={ph: d["total"] for ph, d in phases.items()}, plan=asdict(plan),
+                     cost=plan_cost(cfg, plan, info), seconds=time.perf_counter() - t0, model=str(name),
+                     gpu=gpu_name, peak_phase=top, model_states=states, n_params=int(info["n_params"]),
+                     trainable=int(info["trainable"]))

@@ -1,0 +1,302 @@
+"""The step `memlab.fit` runs on the virtual GPU: any Hugging Face causal LM built from its config,
+set up for full, LoRA or QLoRA fine-tuning, with its optimizer, and one training step (or a prefill).
+
+The model is made on the meta device and then given storage on the current default device (inside
+`VirtualGPU.run` that is fake storage), as `memlab.llama.finetune_llama` does for Llama; this module
+does the same for any `AutoModelForCausalLM` config and reuses its pieces (`_swap_meta`, `_causal_sdpa`,
+`memlab.quant.Linear4bitStandIn`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn as nn
+
+from .llama import _causal_sdpa, _swap_meta, silence_libraries
+from .quant import Linear4bitStandIn
+from .track import active_trackers, phase, watch
+from .virtual_gpu import cuda_autocast
+
+__all__ = ["AdamW8bitStandIn", "build_model", "fit_step", "selective_policy"]
+
+
+# ----------------------------------------------------------------------------- 8-bit AdamW, bytes only
+class AdamW8bitStandIn(torch.optim.Optimizer):
+    """Holds exactly the state `bitsandbytes.optim.AdamW8bit` holds (bitsandbytes 0.50,
+    `Optimizer2State.init_state`), and updates nothing: for fake tensors, where bitsandbytes cannot run.
+
+    Per parameter tensor of n elements (n >= min_8bit_size = 4096): state1, state2 uint8 (n each) and
+    absmax1, absmax2 fp32 (ceil(n / 256) each), i.e. 2 n + 8 ceil(n / 256) bytes (Dettmers et al. 2022,
+    "8-bit Optimizers via Block-wise Quantization"); smaller tensors keep fp32 state1/state2 (8 n bytes).
+    The two 256-entry fp32 quantization maps (qmap1 "dynamic", qmap2 "udynamic") are made once and shared
+    by every tensor. `step` is a Python int. The real update is one fused kernel per tensor: no scratch.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, min_8bit_size: int = 4096, blocksize: int = 256):
+        super().__init__(params, dict(lr=lr))
+        self.min_8bit_size, self.blocksize, self._qmaps = min_8bit_size, blocksize, None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    if p.numel() < self.min_8bit_size:
+                        st["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        st["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    else:
+                        if self._qmaps is None:
+                            self._qmaps = (torch.zeros(256, device=p.device), torch.zeros(256, device=p.device))
+                        blocks = -(-p.numel() // self.blocksize)
+                        st["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["qmap1"] = self._qmaps[0]
+                        st["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["qmap2"] = self._qmaps[1]
+                        st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                st["step"] += 1
+        return None
+
+
+class _MasterWeights:
+    """precision="mixed": 16-bit weights and gradients in the model, an fp32 master copy that the optimizer
+    updates (Micikevicius et al. 2018; DeepSpeed's bf16/fp16 optimizer). At the step the 16-bit gradients
+    are copied to fp32 (all at once, as DeepSpeed's flat fp32 gradient partition), the inner optimizer
+    steps the masters, and the masters are copied back into the 16-bit weights."""
+
+    def __init__(self, params, make):
+        self.params = list(params)
+        self.masters = [torch.empty(p.shape, dtype=torch.float32) for p in self.params]
+        watch(tensors=self.masters, category="optimizer")
+        for m in self.masters:
+            m.requires_grad_(True)
+        self.inner = make(self.masters)
+
+    def step(self):
+        for m, p in zip(self.masters, self.params):
+            m.grad = p.grad.float() if p.grad is not None else None
+        self.inner.step()
+        # the fp32 gradient copies are the step's scratch (the optimizer's hook labelled them gradients)
+        watch(tensors=[m.grad for m in self.masters if m.grad is not None], category="temporaries")
+        for m, p in zip(self.masters, self.params):
+            m.grad = None
+            p.data.copy_(m.data)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def make_optimizer(params, optimizer: str, precision: str):
+    """torch AdamW (foreach=True, CUDA's default), plain SGD (foreach, no momentum: no state), or the
+    8-bit stand-in; wrapped in fp32 master weights for precision="mixed" (trainable 16-bit params only)."""
+    def make(ps):
+        if optimizer == "adamw":
+            return torch.optim.AdamW(ps, lr=1e-4, foreach=True)
+        if optimizer == "sgd":
+            return torch.optim.SGD(ps, lr=1e-3, foreach=True)
+        return AdamW8bitStandIn(ps, lr=1e-4)
+    params = list(params)
+    if precision == "mixed" and any(p.dtype != torch.float32 for p in params):
+        return _MasterWeights(params, make)
+    return make(params)
+
+
+# ----------------------------------------------------------------------------- the model
+class _Linear4bitBiasStandIn(Linear4bitStandIn):
+    """Linear4bitStandIn plus a frozen fp32 bias (the q/k/v biases of Qwen2, GPT-2's Conv1D biases) as
+    prepare_model_for_kbit_training leaves it. The bias is added after the 4-bit matmul (bitsandbytes adds
+    it inside; the difference is one (tokens, out) temporary)."""
+
+    def __init__(self, in_features, out_features, **kw):
+        super().__init__(in_features, out_features, **kw)
+        self.bias = nn.Parameter(torch.zeros(out_features, device=kw.get("device")), requires_grad=False)
+
+    def forward(self, x):
+        return super().forward(x) + self.bias.to(x.dtype)
+
+
+def selective_policy(ctx, op, *args, **kwargs):
+    """checkpointing="selective": inside each checkpointed decoder layer keep the outputs of the matmuls
+    (aten.mm / addmm / bmm: the q, k, v, o, gate, up, down projections and the adapters) and recompute
+    everything else in the backward: the norms, RoPE, the attention core (sdpa), the activation function
+    and the elementwise products (torch.utils.checkpoint's selective activation checkpointing)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    aten = torch.ops.aten
+    if op in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _linear_shape(m):
+    if type(m) is nn.Linear:
+        return m.in_features, m.out_features, m.bias is not None
+    if type(m).__name__ == "Conv1D":            # GPT-2: weight (in, out)
+        return m.weight.shape[0], m.weight.shape[1], m.bias is not None
+    return None
+
+
+def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
+    """The model on the meta device (shapes only; build it outside FakeTensorMode: some models make
+    tensors in __init__), to be given storage by `materialise`. Returns (model, info):
+    info = {"n_params": base parameters, "layer_params": one decoder layer's, "trainable": trainable}.
+
+    full: every parameter in `dtype`, trainable. lora: frozen base in `dtype`, peft LoRA adapters (fp32,
+    peft's default) of rank r on every linear layer but the output head (target_modules="all-linear").
+    qlora: as lora, every adapted linear's base as an NF4 Linear4bitStandIn computing in `dtype`, the rest
+    (embeddings, norms, head) in fp32 as peft.prepare_model_for_kbit_training leaves it."""
+    silence_libraries()
+    from transformers import AutoModelForCausalLM
+    cfg = copy.deepcopy(cfg)
+    cfg._attn_implementation = _causal_sdpa() if attention == "sdpa" else "eager"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+        layers = model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h
+        info = {"n_params": sum(p.numel() for p in model.parameters()),
+                "layer_params": sum(p.numel() for p in layers[0].parameters())}
+        if method != "full":
+            from peft import LoraConfig, get_peft_model
+            lc = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, bias="none", target_modules="all-linear",
+                            task_type="CAUSAL_LM")
+            model = get_peft_model(model, lc)
+    if method == "qlora":
+        for m in list(model.modules()):
+            for cname, child in list(m.named_children()):
+                shape = _linear_shape(child) if cname == "base_layer" else None
+                if shape:
+                    i, o, bias = shape
+                    cls = _Linear4bitBiasStandIn if bias else Linear4bitStandIn
+                    setattr(m, cname, cls(i, o, compute_dtype=dtype, quant_dtype=dtype, device="meta"))
+    info["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return model, info
+
+
+def materialise(model, method: str, dtype: torch.dtype, checkpointing: str):
+    """Give a `skeleton` storage on the current default device (fake inside VirtualGPU.run): trainable
+    parameters in `dtype` (full) or fp32 adapters, frozen ones in `dtype` (fp32 outside the 4-bit layers
+    for qlora); checkpointing "full" (every decoder layer) or "selective" (`selective_policy`)."""
+    other = torch.float32 if method == "qlora" else dtype
+    for mname, m in model.named_modules():
+        adapter = ".lora_" in f".{mname}"
+        for pname, p in list(m._parameters.items()):
+            if p is not None and p.device.type == "meta":
+                _swap_meta(m, pname, torch.float32 if adapter else (p.dtype if not p.is_floating_point()
+                                                                    else other), adapter or method == "full")
+        for bname, b in list(m._buffers.items()):
+            if b is not None and b.device.type == "meta":
+                _swap_meta(m, bname, b.dtype, False, buffer=True)
+    if checkpointing != "none":
+        kw = {"use_reentrant": False}
+        if checkpointing == "selective":
+            from torch.utils.checkpoint import create_selective_checkpoint_contexts
+            kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    return model
+
+
+# ----------------------------------------------------------------------------- the step
+def _nbytes(ps) -> int:
+    return sum(p.numel() * p.element_size() for p in ps)
+
+
+def _sizes(model) -> dict:
+    """Byte sizes ZeRO-3 and offload need: one decoder layer's tensors, the biggest single parameter, the
+    trainable parameters' bytes and element size."""
+    n_layers = model.config.num_hidden_layers
+    layers = next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers)
+    params = list(model.parameters())
+    train = [p for p in params if p.requires_grad]
+    layer = list(layers[0].parameters()) + list(layers[0].buffers())
+    return {"gather_bytes": max(_nbytes(layer), max(_nbytes([p]) for p in params)),
+            "gather_grad_bytes": max(_nbytes([p for p in layer if p.requires_grad]),
+                                     max((_nbytes([p]) for p in train), default=0)),
+            "grad_elem_bytes": train[0].element_size() if train else 2,
+            "trainable_bytes": _nbytes(train), "weight_bytes": _nbytes(params) + _nbytes(model.buffers())}
+
+
+def fit_step(model, info: dict, plan) -> dict:
+    """One training step (plan.mode="train": min(2, steps_per_batch) micro-batches of forward and
+    backward - the second one runs beside the accumulated gradients - then the optimizer step) or one
+    prefill (mode="inference": no_grad forward of (batch, seq) tokens with a KV cache, the logits of the
+    last token only, as generate() computes them). Phases: "forward", "backward", "step". Returns the
+    model's info plus "states": parameters/gradients/optimizer bytes just after the optimizer step.
+    `model` is a `skeleton` (each call needs a fresh one: it is given storage here)."""
+    dtype = torch.float32 if plan.precision in ("fp32", "amp") else torch.bfloat16
+    info = dict(info)
+    with phase("load"):
+        model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none")
+        info.update(_sizes(model))
+    autocast = _Amp() if plan.precision == "amp" else None
+    V = model.config.vocab_size
+    if plan.mode == "inference":     # the KV cache outlives the forward: the tracker calls it activations
+        model.eval()
+        watch(model)
+        model.config.use_cache = True
+        x = torch.randint(0, V, (plan.batch, plan.seq))
+        with torch.no_grad(), phase("forward"), (autocast or _null()):
+            out = model(input_ids=x, use_cache=True, logits_to_keep=1)
+        del out
+        return info
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with phase("load"):
+        opt = make_optimizer(trainable, plan.optimizer, plan.precision)
+        watch(model, getattr(opt, "inner", opt))
+    for i in range(min(2, plan.steps_per_batch)):
+        x = torch.randint(0, V, (plan.micro, plan.seq))
+        with phase("forward"), (autocast or _null()):
+            loss = model(input_ids=x, labels=x).loss
+        with phase("backward"):
+            loss.backward()
+        del loss, x
+    watch(tensors=[p.grad for p in trainable if p.grad is not None], category="gradients")
+    with phase("step"):
+        opt.step()
+        trk = active_trackers()
+        info["states"] = {k: v for k, v in trk[-1].breakdown().items()
+                          if k in ("parameters", "gradients", "optimizer")} if trk else {}
+        opt.zero_grad(set_to_none=True)
+    return info
+
+
+class _SdpaLowPrecision(torch.overrides.TorchFunctionMode):
+    """CUDA autocast runs scaled_dot_product_attention in the autocast dtype (PyTorch's
+    aten/src/ATen/autocast_mode.cpp: KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp));
+    memlab.virtual_gpu.cuda_autocast leaves it in its inputs' dtype, which fails on mixed q/k/v dtypes
+    (RoPE makes q and k fp32 while v is bf16). This casts its floating inputs to bf16 first."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") == "scaled_dot_product_attention" and torch.is_autocast_enabled("cpu"):
+            cast = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+class _Amp:
+    """cuda_autocast(bf16) with scaled_dot_product_attention in bf16 as on CUDA."""
+
+    def __enter__(self):
+        self._a, self._s = cuda_autocast(torch.bfloat16), _SdpaLowPrecision()
+        self._a.__enter__()
+        self._s.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._s.__exit__(*exc)
+        return self._a.__exit__(*exc)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

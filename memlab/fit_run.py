@@ -1,0 +1,141 @@
+"""How `memlab.fit` gets its numbers: the virtual-GPU runs at 1 and 2 layers extended to the model's
+depth (`measure`), the per-rank partition of ZeRO and offload computed on top of them (`shard_phases`),
+and the extra work a plan costs per step (`plan_cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .track import CATEGORIES
+
+__all__ = ["measure", "shard_phases", "plan_cost", "clear_cache"]
+
+# ----------------------------------------------------------------------------- measuring
+_CACHE: dict = {}
+# the runs use BASE and BASE + 1 layers: layer 0 differs from the others (its input needs no gradient), so
+# 2 and 3 layers extend exactly where 1 and 2 do not (tests/test_fit.py, benchmarks/fit.md)
+BASE = 2
+
+
+def clear_cache():
+    """Forget the measured runs (measure caches them per config and run options)."""
+    _CACHE.clear()
+
+
+def _run_key(plan):
+    """The options that change what runs (ZeRO, gpus and offload are computed on top of a run)."""
+    micro = plan.micro if plan.mode == "train" else plan.batch
+    return replace(plan, batch=micro * min(2, plan.steps_per_batch), micro_batch=micro, zero=0, gpus=1,
+                   offload=False, checkpointing=plan.checkpointing if plan.mode == "train" else "none")
+
+
+def _extend(a: dict, b: dict, layers: int) -> dict:
+    """a (k layers) and b (k + 1 layers) extended linearly by layers - 1 more: a + (layers - 1) * (b - a)."""
+    return {k: a[k] + (layers - 1) * (b[k] - a[k]) for k in a}
+
+
+def measure(cfg, plan) -> dict:
+    """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
+    to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...}}
+    (cached per config and run options)."""
+    from .fit import _cut, _dtype
+    from .fit_model import fit_step, skeleton
+    from .virtual_gpu import VirtualGPU
+    key = (cfg.to_json_string(use_diff=False), _run_key(plan))
+    if key in _CACHE:
+        return _CACHE[key]
+    rp = key[1]
+    L = cfg.num_hidden_layers
+    gpu = VirtualGPU(capacity_gb=2**20)
+    runs = []
+    ks = (BASE, BASE + 1) if L > BASE else (L,)
+    for k in ks:
+        sk, info = skeleton(_cut(cfg, k), rp.method, _dtype(rp.precision), rp.lora_r, rp.attention)
+        r = gpu.run(fit_step, sk, info, rp)
+        runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value))
+    if len(runs) == 1:
+        out = {"phases": runs[0][0], "info": runs[0][1]}
+    else:
+        (p1, i1), (p2, i2) = runs
+        phases = {ph: _extend(p1[ph], p2[ph], L - BASE + 1) for ph in p1 if ph in p2}
+        # per-layer constants (one layer's bytes, the embedding's) come out unchanged: b - a = 0
+        n = L - BASE
+        info = {k: (_extend(i1[k], i2[k], n + 1) if isinstance(i1[k], dict) else i1[k] + n * (i2[k] - i1[k]))
+                for k in i1}
+        out = {"phases": phases, "info": info}
+    _CACHE[key] = out
+    return out
+
+
+def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None) -> dict:
+    """Per-rank bytes of each phase under ZeRO stage `plan.zero` on `plan.gpus` ranks and with optimizer
+    offload, from a single-GPU run (Rajbhandari et al. 2020, section 5; DeepSpeed's implementation):
+
+      stage >= 1   optimizer state (incl. fp32 masters) and the step's scratch -> ceil(x / N); plus one
+                   reduce bucket of the gradients' dtype in backward and step: DeepSpeed's default
+                   reduce_bucket_size (5e8 elements, memlab.zero_scale.DEEPSPEED_REDUCE_BUCKET), capped at
+                   the trainable parameter count (an assumption: a bucket is never larger than all grads)
+      stage >= 2   gradients -> ceil(x / N)
+      stage 3      parameters -> ceil(x / N) plus the largest module gathered at a time (one decoder layer
+                   or the biggest single tensor, e.g. the embedding), and in backward its gradients
+      offload      optimizer state and the step's scratch -> 0 (ZeRO-Offload: on the CPU); the GPU keeps
+                   the 16-bit weights and gradients
+    The activations are untouched, and the moment of each phase's peak is taken to be unchanged."""
+    from .zero_scale import DEEPSPEED_REDUCE_BUCKET
+    N, s = plan.gpus, plan.zero
+    if plan.mode != "train" or (s == 0 and not plan.offload):
+        return {ph: dict(d) for ph, d in phases.items()}
+    part = lambda x: -(-x // N)   # noqa: E731
+    gb = info.get("grad_elem_bytes", 2)
+    bucket = min(DEEPSPEED_REDUCE_BUCKET if bucket_elems is None else bucket_elems, info["trainable"]) * gb
+    out = {}
+    for ph, d in phases.items():
+        d = dict(d)
+        if s >= 1:
+            d["optimizer"] = 0 if plan.offload else part(d["optimizer"])
+            if ph == "step":
+                d["temporaries"] = 0 if plan.offload else part(d["temporaries"])
+            if ph in ("backward", "step"):
+                d["gradients"] += bucket
+        if s >= 2:
+            d["gradients"] = part(d["gradients"] - (bucket if ph in ("backward", "step") else 0)) + \
+                (bucket if ph in ("backward", "step") else 0)
+        if s == 3:
+            d["parameters"] = part(d["parameters"]) + (info["gather_bytes"] if ph in ("forward", "backward") else 0)
+            if ph == "backward":
+                d["gradients"] += info["gather_grad_bytes"]
+        d["total"] = sum(d[c] for c in CATEGORIES)
+        out[ph] = d
+    return out
+
+
+def plan_cost(cfg, plan, info: dict) -> dict:
+    """The extra work a plan does per optimizer step, beside a plain step:
+
+      recompute_flops  forward FLOPs recomputed in the backward: checkpointing "full" recomputes every
+                       decoder layer, 2 * layer_params * tokens (matmuls) + 4 * tokens * seq * heads * head_dim
+                       (QK^T and attention x V, counted without the causal half), times layers;
+                       "selective" recomputes the attention core, the second term only (norms and elementwise
+                       ops are not counted). tokens = batch * seq per optimizer step.
+      offload_bytes    bytes over PCIe: this rank's 16-bit gradients to the CPU and updated weights back
+                       (2 x its partition of the trainable parameters' bytes)
+      comm_bytes       bytes each rank sends, ring collectives ((N - 1) / N of the volume): ZeRO 0-2 reduce
+                       the gradients (reduce-scatter + all-gather = 2 x gradient bytes, the ZeRO paper's
+                       2 Psi, section 7); ZeRO-3 adds a weight all-gather in the forward and one in the backward
+                       (gradient bytes + 2 x weight bytes, the paper's 3 Psi for full fine-tuning); 0 on 1 GPU
+      steps_per_batch  micro-batches per optimizer step
+    """
+    if plan.mode != "train":
+        return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "steps_per_batch": 1}
+    L, tokens = cfg.num_hidden_layers, plan.batch * plan.seq
+    H = cfg.num_attention_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    attn = 4 * tokens * plan.seq * H * hd
+    flops = {"none": 0, "selective": L * attn, "full": L * (2 * info["layer_params"] * tokens + attn)}
+    N = plan.gpus
+    grads = info["trainable_bytes"]
+    offload = 2 * -(-grads // N) if plan.offload else 0
+    ring = (N - 1) / N
+    comm = 0 if N == 1 else int(ring * (2 * grads if plan.zero < 3 else grads + 2 * info["weight_bytes"]))
+    return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,
+            "steps_per_batch": plan.steps_per_batch}

@@ -1,0 +1,203 @@
+"""The cheapest ways to make a model fit (`fit_search`) and the `memlab-fit` command line.
+
+The search tries the course's techniques on top of a request and keeps the plans that fit, cheapest
+first; see `fit_search` for the cost model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .fit import CHOICES, FitResult, fit, load_config
+from .track import format_bytes
+
+__all__ = ["fit_search", "extra_seconds", "main"]
+
+_METHOD_RANK = {"full": 0, "lora": 1, "qlora": 2}
+
+
+def _sheet(gpu_name: str):
+    """The data sheet of a preset (memlab.gpu_specs.GPU_SPECS); L4-24GB's for any other GPU."""
+    from .gpu_specs import GPU_SPECS
+    return next((v for k, v in GPU_SPECS.items() if gpu_name.startswith(k)), GPU_SPECS["L4-24GB"])
+
+
+def extra_seconds(r: FitResult) -> float:
+    """The search's cost model: extra seconds per optimizer step a plan spends beside a plain step, from
+    the data sheet of the GPU (`memlab.gpu_specs`; L4-24GB's figures for a GPU not listed there):
+
+      recompute_flops / dense 16-bit tensor-core FLOP/s (fp32 precision: TF32, or FP32 without TF32)
+      + offload_bytes / PCIe bandwidth of one direction (the data sheet's figure, both directions, / 2)
+      + comm_bytes / NVLink bandwidth of one direction (PCIe where the card has no NVLink)
+      + (steps_per_batch - 1) * 3 * weight bytes / DRAM bandwidth (each extra micro-batch reads the
+        weights again in forward, backward and the gradient accumulation)
+    Peak rates: real runs are slower, so these are lower bounds, good for ranking, not for timing.
+    """
+    s = _sheet(r.gpu)
+    flops = (s.tf32_tensor or s.fp32) if r.plan["precision"] == "fp32" else (s.bf16_tensor or s.fp16_tensor)
+    link = (s.nvlink_bandwidth or s.pcie_bandwidth) / 2
+    c = r.cost
+    weights = r.model_states.get("parameters", 0) * r.plan["gpus"] if r.plan["zero"] == 3 else \
+        r.model_states.get("parameters", 0)
+    return (c["recompute_flops"] / flops + c["offload_bytes"] / (s.pcie_bandwidth / 2) + c["comm_bytes"] / link
+            + (c["steps_per_batch"] - 1) * 3 * weights / s.dram_bandwidth)
+
+
+def _divisors_desc(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
+               precision: str = "bf16", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
+               gpus=(1,), offload: bool = True, attention: str = "sdpa", lora_r: int = 16,
+               headroom: float = 0.05, limit: int = 10) -> list[FitResult]:
+    """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
+
+    Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
+    small, they keep AdamW), checkpointing none/selective/full, micro-batches (gradient accumulation,
+    every divisor of `batch`), and for each number of GPUs in `gpus` ZeRO stage 0-3, with and without
+    optimizer offload (`offload=True`; on one GPU ZeRO is only tried with offload). `precision` is kept
+    as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
+
+    Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
+    then QLoRA (pass methods= to choose) - then fewer GPUs, then the lower extra_seconds.
+    Pruning: each (method, optimizer) branch first runs its least-memory plan (full checkpointing,
+    micro-batch 1, every sharding) and is skipped if that does not fit; then the runs go from cheap to dear (checkpointing none -> selective -> full, micro-batch from
+    `batch` down); a branch stops at its first plan that fits, and a stronger checkpointing only tries
+    micro-batches larger than the largest that fitted with a weaker one. For mode="inference" the methods
+    are compared as they are (lora serves like full; qlora serves a 4-bit base).
+    Returns at most `limit` plans (an empty list: nothing searched fits).
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    for name, vals, allowed in (("methods", methods, CHOICES["method"]),
+                                ("optimizers", optimizers, CHOICES["optimizer"])):
+        if isinstance(vals, str) or not vals or any(v not in allowed for v in vals):
+            raise ValueError(f"{name} must be a non-empty list from {allowed}, got {vals!r}")
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        gpus = (gpus,)
+    if not gpus or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in gpus):
+        raise ValueError(f"gpus must be a positive int or a list of them, got {gpus!r}")
+    cfg = load_config(model)
+    name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
+    base = dict(batch=batch, seq=seq, precision=precision, attention=attention, lora_r=lora_r, headroom=headroom,
+                mode=mode)
+    found: list[FitResult] = []
+
+    def keep(r):
+        r.model = str(name)
+        r.cost["extra_seconds"] = extra_seconds(r)
+        found.append(r)
+
+    if mode == "inference":
+        for m in methods:
+            r = fit(cfg, gpu, method=m, **base)
+            if r.fits:
+                keep(r)
+    else:
+        for m in methods:
+            if m == "qlora" and precision == "mixed":
+                continue
+            for opt in (optimizers if m == "full" else ("adamw",)):
+                least = dict(base, method=m, optimizer=opt, checkpointing="full", micro_batch=1)
+                if not _shardings(cfg, gpu, gpus, offload, least):
+                    continue                   # not even its least-memory plan fits: skip the branch
+                fitted_micro = 0               # the largest micro-batch that fitted with weaker checkpointing
+                for ckpt in ("none", "selective", "full"):
+                    for micro in _divisors_desc(batch):
+                        if micro <= fitted_micro:
+                            break
+                        mb = None if micro == batch else micro
+                        hits = _shardings(cfg, gpu, gpus, offload, dict(base, method=m, optimizer=opt,
+                                                                        checkpointing=ckpt, micro_batch=mb))
+                        for r in hits:
+                            keep(r)
+                        if hits:
+                            fitted_micro = micro
+                            break
+                    if fitted_micro == batch:
+                        break
+    found.sort(key=lambda r: (_METHOD_RANK[r.plan["method"]], r.plan["gpus"], r.cost["extra_seconds"]))
+    return found[:limit]
+
+
+def _shardings(cfg, gpu, gpus, offload, kw) -> list[FitResult]:
+    """For each number of GPUs, the cheapest sharding that fits (ZeRO 0-3, with/without offload); these
+    reuse one measured run (fit caches it)."""
+    out = []
+    for n in sorted(set(gpus)):
+        options = [(0, False)] if n == 1 else [(z, False) for z in (0, 1, 2, 3)]
+        if offload:
+            options += [(z, True) for z in (1, 2, 3)]
+        best = None
+        for z, off in options:
+            r = fit(cfg, gpu, zero=z, gpus=n, offload=off, **kw)
+            if r.fits:
+                r.cost["extra_seconds"] = extra_seconds(r)
+                if best is None or r.cost["extra_seconds"] < best.cost["extra_seconds"]:
+                    best = r
+        if best is not None:
+            out.append(best)
+    return out
+
+
+def format_plans(plans: list[FitResult]) -> str:
+    """A table of `fit_search` results."""
+    if not plans:
+        return "no combination searched fits"
+    head = (f"{'#':>2} {'method':<6} {'optim':<9} {'ckpt':<9} {'micro':>5} {'gpus':>4} {'zero':>4} {'offl':>4} "
+            f"{'peak':>11} {'extra s/step':>12}")
+    rows = [head]
+    for i, r in enumerate(plans, 1):
+        p = r.plan
+        rows.append(f"{i:>2} {p['method']:<6} {p['optimizer']:<9} {p['checkpointing']:<9} "
+                    f"{p['micro_batch'] or p['batch']:>5} {p['gpus']:>4} {p['zero']:>4} {'yes' if p['offload'] else '-':>4} "
+                    f"{format_bytes(r.peak):>11} {r.cost.get('extra_seconds', 0):>12.3f}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    """memlab-fit MODEL --gpu L4-24GB [options] [--search]"""
+    ap = argparse.ArgumentParser(prog="memlab-fit", description="Will this model train (or serve) on this GPU, "
+                                 "and what must I turn on? Runs one step on memlab's virtual GPU.")
+    ap.add_argument("model", help="a preset (see --list), a path to a Hugging Face config.json")
+    ap.add_argument("--gpu", default="L4-24GB", help="a GPU preset (T4-16GB, L4-24GB, A100-80GB ...) or a "
+                    "capacity in GiB")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
+        ap.add_argument(f"--{opt}", choices=CHOICES[opt], default=dict(method="full", precision="bf16",
+                        optimizer="adamw", checkpointing="none", mode="train", attention="sdpa")[opt])
+    ap.add_argument("--zero", type=int, choices=CHOICES["zero"], default=0)
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--micro-batch", type=int, default=None)
+    ap.add_argument("--offload", action="store_true")
+    ap.add_argument("--lora-r", type=int, default=16)
+    ap.add_argument("--headroom", type=float, default=0.05)
+    ap.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
+    args = ap.parse_args(argv)
+    gpu = args.gpu
+    try:
+        gpu = float(gpu)
+    except ValueError:
+        pass
+    try:
+        r = fit(args.model, gpu, batch=args.batch, seq=args.seq, method=args.method, precision=args.precision,
+                optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
+                mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
+                lora_r=args.lora_r, headroom=args.headroom)
+        print(r)
+        if args.search or not r.fits:
+            print("\ncheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
+            print(format_plans(fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
+                                          precision=args.precision, gpus=sorted({1, args.gpus}),
+                                          attention=args.attention, lora_r=args.lora_r, headroom=args.headroom)))
+    except (ValueError, TypeError) as e:
+        print(f"memlab-fit: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""memlab.fit: real vs virtual bytes, the 1,2 -> L layer extension, published points, bad input, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import memlab
+from memlab.fit import Plan, _dtype, fit_presets, load_config
+from memlab.fit_model import AdamW8bitStandIn, fit_step, skeleton
+from memlab.fit_run import _run_key, measure
+from memlab.track import MemoryTracker
+from memlab.virtual_gpu import VirtualGPU
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+MID = dict(TINY, vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=5)
+
+
+def _real(cfg_dict, plan):
+    """The same step on real CPU tensors under memlab's tracker (512-byte rounding, as the virtual GPU)."""
+    cfg = load_config(cfg_dict)
+    sk, info = skeleton(cfg, plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+    trk = MemoryTracker(device="cpu", round_to=512)
+    with trk:
+        fit_step(sk, info, plan)
+    return trk
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(method="lora"), dict(checkpointing="full"),
+                                dict(method="qlora", checkpointing="full"),
+                                dict(precision="mixed", checkpointing="selective"), dict(optimizer="adamw8bit"),
+                                dict(batch=2, micro_batch=1), dict(mode="inference")])
+def test_real_cpu_tensors_match_fit_to_the_byte(kw):
+    kw = dict(kw, seq=256)
+    trk = _real(TINY, Plan(**kw))
+    r = memlab.fit(TINY, 1, **kw)
+    assert r.peak == trk.peak
+    assert r.by_category == trk.peak_breakdown
+    assert r.by_phase["forward"] == trk.phase_peaks["forward"]["total"]
+
+
+def test_amp_on_real_tensors_differs_by_a_known_bound():
+    # precision="amp": the real CPU run allocates 512 bytes per token more in the forward than the fake run
+    # (unexplained; found at seq 64-256 on this tiny config, benchmarks/fit.md). Hold it to that bound.
+    for seq in (64, 256):
+        trk = _real(TINY, Plan(seq=seq, precision="amp"))
+        r = memlab.fit(TINY, 1, seq=seq, precision="amp")
+        assert 0 <= trk.phase_peaks["forward"]["total"] - r.by_phase["forward"] <= 512 * seq
+        assert 0 <= trk.peak - r.peak <= 512 * seq
+
+
+def test_checkpointing_lowers_the_peak_on_the_tiny_config():
+    # the byte-exact test above is only meaningful if the options change what is allocated
+    # (LoRA does not lower it here: on a 64-wide model rank-16 fp32 adapters outweigh a bf16 base)
+    peaks = {k: memlab.fit(TINY, 1, seq=256, **kw).peak for k, kw in
+             {"none": {}, "full": dict(checkpointing="full"), "sel": dict(checkpointing="selective")}.items()}
+    assert peaks["full"] < peaks["sel"] < peaks["none"]
+
+
+EXACT = [Plan(seq=128, batch=2), Plan(seq=128, method="qlora", checkpointing="full"),
+         Plan(seq=128, batch=4, micro_batch=2, checkpointing="full"),
+         Plan(seq=128, precision="mixed", checkpointing="selective", optimizer="adamw8bit"),
+         Plan(seq=128, mode="inference", batch=2)]
+BOUNDED = [Plan(seq=128, method="lora", precision="amp")]
+
+
+@pytest.mark.parametrize("plan", EXACT + BOUNDED)
+def test_two_and_three_layers_extend_to_the_full_depth_run(plan):
+    cfg = load_config(MID)
+    ext = measure(cfg, plan)["phases"]
+    sk, info = skeleton(cfg, plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+    full = VirtualGPU(capacity_gb=64).run(fit_step, sk, info, _run_key(plan)).phase_peaks
+    for ph in ("load", "forward", "backward", "step"):
+        if ph not in full:
+            continue
+        if plan in EXACT:
+            assert ext[ph] == full[ph], ph
+        else:   # amp's forward: the moment of its peak moves with depth; within 2% (benchmarks/fit.md)
+            assert abs(ext[ph]["total"] - full[ph]["total"]) <= 0.02 * full[ph]["total"], ph
+
+
+def test_adamw8bit_stand_in_holds_bitsandbytes_state():
+    bnb = pytest.importorskip("bitsandbytes")
+    shapes = [(64, 80), (100,), (4096,), (300, 17)]          # below and above min_8bit_size = 4096
+
+    def state_bytes(opt_cls):
+        ps = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        opt = opt_cls(ps)
+        opt.step()
+        seen, n = set(), 0
+        for st in opt.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in seen:
+                    seen.add(v.untyped_storage().data_ptr())
+                    n += v.untyped_storage().nbytes()
+        return n, sorted((k, str(v.dtype), tuple(v.shape)) for st in opt.state.values() for k, v in st.items()
+                         if isinstance(v, torch.Tensor))
+    try:
+        real = state_bytes(bnb.optim.AdamW8bit)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"bitsandbytes' 8-bit AdamW does not run on this CPU: {e}")
+    assert state_bytes(AdamW8bitStandIn) == real
+
+
+def test_zero_paper_figure_1_model_states():
+    # Rajbhandari et al. 2020, Fig. 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12):
+    # 120 GB -> 31.4 (stage 1) -> 16.6 (stage 2) -> 1.88 GB (stage 3) of model states per GPU
+    cfg = dict(TINY, vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=36,
+               num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
+    paper = {0: 120e9, 1: 31.4e9, 2: 16.6e9, 3: 1.88e9}
+    for stage, want in paper.items():
+        r = memlab.fit(cfg, "A100-80GB", precision="mixed", zero=stage, gpus=64, checkpointing="full")
+        assert 7.4e9 < r.n_params < 7.6e9
+        got = sum(r.model_states.values())
+        assert abs(got / want - 1) < 0.012, (stage, got, want)
+        exact = memlab.estimate.zero_model_state_bytes(r.n_params, 64, stage)
+        assert abs(got / exact - 1) < 1e-3, (stage, got, exact)
+
+
+@pytest.mark.slow
+def test_qlora_paper_65b_fits_a_48gb_gpu_and_full_does_not():
+    # Dettmers et al. 2023: QLoRA fine-tunes a 65B model on a single 48 GB GPU. LLaMA-65B's shapes
+    # (Touvron et al. 2023, Table 2: dimension 8192, 64 heads, 80 layers; FFN 22016). 48 GB = 48e9 bytes,
+    # below the real card's total_memory, so "fits" here is conservative.
+    cfg = dict(TINY, vocab_size=32000, hidden_size=8192, intermediate_size=22016, num_hidden_layers=80,
+               num_attention_heads=64, num_key_value_heads=64, max_position_embeddings=2048)
+    gpu = 48e9 / 2**30
+    q = memlab.fit(cfg, gpu, method="qlora", batch=1, seq=512, checkpointing="full")
+    assert q.fits and 64e9 < q.n_params < 66e9, str(q)
+    f = memlab.fit(cfg, gpu, method="full", batch=1, seq=512, checkpointing="full")
+    assert not f.fits
+
+
+def test_result_is_consistent():
+    r = memlab.fit("gpt2", "T4-16GB", batch=2, seq=256, checkpointing="full", zero=2, gpus=4)
+    assert r.peak == max(r.by_phase.values()) == sum(r.by_category.values())
+    assert r.usable == int(r.capacity * 0.95) and r.fits == (r.peak <= r.usable)
+    assert r.cost["recompute_flops"] > 0 and r.cost["comm_bytes"] > 0 and r.cost["steps_per_batch"] == 1
+    d = r.to_dict()
+    assert json.loads(json.dumps(d))["plan"]["zero"] == 2
+    assert "FITS" in str(r) and "ZeRO-2" in str(r)
+
+
+def test_presets_load():
+    names = fit_presets()
+    assert {"llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b", "gpt2-xl"} <= set(names)
+    assert load_config("llama-3.1-8b").num_key_value_heads == 8
+    assert load_config(os.path.join(ROOT, "memlab", "configs", "gpt2.json")).n_embd == 768
+
+
+@pytest.mark.parametrize("kw, word", [(dict(method="dora"), "method"), (dict(precision="fp8"), "precision"),
+                                      (dict(zero=4), "zero"), (dict(batch=0), "batch"),
+                                      (dict(batch=4, micro_batch=3), "micro_batch"),
+                                      (dict(offload=True), "offload"), (dict(headroom=1.5), "headroom"),
+                                      (dict(mode="serve"), "mode"), (dict(seq=10**6), "seq")])
+def test_bad_input_names_the_argument(kw, word):
+    with pytest.raises(ValueError, match=word):
+        memlab.fit("gpt2", "T4-16GB", **kw)
+
+
+def test_bad_model_and_gpu():
+    with pytest.raises(ValueError, match="preset"):
+        memlab.fit("llama-9b")
+    with pytest.raises(TypeError, match="model"):
+        memlab.fit(42)
+    with pytest.raises(ValueError, match="preset"):
+        memlab.fit("gpt2", "B200")
+    with pytest.raises(TypeError, match="gpu"):
+        memlab.fit("gpt2", [16])
+    with pytest.raises(ValueError, match="methods"):
+        memlab.fit_search("gpt2", methods=("full", "adapter"))
+
+
+@pytest.mark.slow
+def test_search_finds_cheapest_plans_first():
+    plans = memlab.fit_search("gpt2", 1.5, batch=2, seq=256, gpus=(1, 2), optimizers=("adamw",))
+    assert plans and all(p.fits for p in plans)
+    ranks = [({"full": 0, "lora": 1, "qlora": 2}[p.plan["method"]], p.plan["gpus"]) for p in plans]
+    assert ranks == sorted(ranks)
+    full1 = [p.cost["extra_seconds"] for p in plans if p.plan["method"] == "full" and p.plan["gpus"] == 1]
+    assert full1 == sorted(full1)
+
+
+def _cli(*args):
+    code = "import sys; from memlab.fit_search import main; sys.exit(main(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
+    ok = _cli("gpt2", "--gpu", "T4-16GB", "--seq", "64")
+    assert ok.returncode == 0 and "FITS" in ok.stdout, ok.stderr
+    bad = _cli("gpt2", "--method", "dora")
+    assert bad.returncode == 2 and "--method" in bad.stderr
+    bad = _cli("gpt2", "--batch", "4", "--micro-batch", "3")
+    assert bad.returncode == 2 and "micro_batch" in bad.stderr
