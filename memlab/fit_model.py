@@ -234,7 +234,7 @@ def fit_step(model, info: dict, plan) -> dict:
     with phase("load"):
         model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none")
         info.update(_sizes(model))
-    autocast = _Amp() if plan.precision == "amp" else None
+    autocast = cuda_autocast(torch.bfloat16) if plan.precision == "amp" else None
     V = model.config.vocab_size
     if plan.mode == "inference":     # the KV cache outlives the forward: the tracker calls it activations
         model.eval()
@@ -264,34 +264,6 @@ def fit_step(model, info: dict, plan) -> dict:
                           if k in ("parameters", "gradients", "optimizer")} if trk else {}
         opt.zero_grad(set_to_none=True)
     return info
-
-
-class _SdpaLowPrecision(torch.overrides.TorchFunctionMode):
-    """CUDA autocast runs scaled_dot_product_attention in the autocast dtype (PyTorch's
-    aten/src/ATen/autocast_mode.cpp: KERNEL_CUDA(scaled_dot_product_attention, lower_precision_fp));
-    memlab.virtual_gpu.cuda_autocast leaves it in its inputs' dtype, which fails on mixed q/k/v dtypes
-    (RoPE makes q and k fp32 while v is bf16). This casts its floating inputs to bf16 first."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention" and torch.is_autocast_enabled("cpu"):
-            cast = lambda t: t.to(torch.bfloat16) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-            args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-
-class _Amp:
-    """cuda_autocast(bf16) with scaled_dot_product_attention in bf16 as on CUDA."""
-
-    def __enter__(self):
-        self._a, self._s = cuda_autocast(torch.bfloat16), _SdpaLowPrecision()
-        self._a.__enter__()
-        self._s.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._s.__exit__(*exc)
-        return self._a.__exit__(*exc)
 
 
 class _null:

@@ -18,7 +18,7 @@ from memlab.virtual_gpu import VirtualGPU
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-MID = dict(TINY, vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=5)
+MID = dict(TINY, vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=5)
 
 
 def _real(cfg_dict, plan):
@@ -36,7 +36,7 @@ def _real(cfg_dict, plan):
                                 dict(precision="mixed", checkpointing="selective"), dict(optimizer="adamw8bit"),
                                 dict(batch=2, micro_batch=1), dict(mode="inference")])
 def test_real_cpu_tensors_match_fit_to_the_byte(kw):
-    kw = dict(kw, seq=256)
+    kw = dict(kw, seq=64)
     trk = _real(TINY, Plan(**kw))
     r = memlab.fit(TINY, 1, **kw)
     assert r.peak == trk.peak
@@ -46,12 +46,12 @@ def test_real_cpu_tensors_match_fit_to_the_byte(kw):
 
 def test_amp_on_real_tensors_differs_by_a_known_bound():
     # precision="amp": the real CPU run allocates 512 bytes per token more in the forward than the fake run
-    # (unexplained; found at seq 64-256 on this tiny config, benchmarks/fit.md). Hold it to that bound.
-    for seq in (64, 256):
+    # (unexplained; found at seq 32-256 on this tiny config, benchmarks/fit.md); the peaks agree. Hold it to that bound.
+    for seq in (32, 64):
         trk = _real(TINY, Plan(seq=seq, precision="amp"))
         r = memlab.fit(TINY, 1, seq=seq, precision="amp")
         assert 0 <= trk.phase_peaks["forward"]["total"] - r.by_phase["forward"] <= 512 * seq
-        assert 0 <= trk.peak - r.peak <= 512 * seq
+        assert trk.peak == r.peak
 
 
 def test_checkpointing_lowers_the_peak_on_the_tiny_config():
@@ -62,11 +62,11 @@ def test_checkpointing_lowers_the_peak_on_the_tiny_config():
     assert peaks["full"] < peaks["sel"] < peaks["none"]
 
 
-EXACT = [Plan(seq=128, batch=2), Plan(seq=128, method="qlora", checkpointing="full"),
-         Plan(seq=128, batch=4, micro_batch=2, checkpointing="full"),
-         Plan(seq=128, precision="mixed", checkpointing="selective", optimizer="adamw8bit"),
-         Plan(seq=128, mode="inference", batch=2)]
-BOUNDED = [Plan(seq=128, method="lora", precision="amp")]
+EXACT = [Plan(seq=64, batch=2), Plan(seq=64, method="qlora", checkpointing="full"),
+         Plan(seq=64, batch=4, micro_batch=2, checkpointing="full"),
+         Plan(seq=64, precision="mixed", checkpointing="selective", optimizer="adamw8bit"),
+         Plan(seq=64, mode="inference", batch=2)]
+BOUNDED = [Plan(seq=64, method="lora", precision="amp")]
 
 
 @pytest.mark.parametrize("plan", EXACT + BOUNDED)
