@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .fit import CHOICES, FitResult, fit, load_config
+from .fit import CHOICES, FitResult, fit, fit_presets, load_config
 from .track import format_bytes
 
 __all__ = ["fit_search", "extra_seconds", "main"]
@@ -161,7 +161,8 @@ def main(argv=None) -> int:
     """memlab-fit MODEL --gpu L4-24GB [options] [--search]"""
     ap = argparse.ArgumentParser(prog="memlab-fit", description="Will this model train (or serve) on this GPU, "
                                  "and what must I turn on? Runs one step on memlab's virtual GPU.")
-    ap.add_argument("model", help="a preset (see --list), a path to a Hugging Face config.json")
+    ap.add_argument("model", nargs="?", help="a preset (see --list), a path to a Hugging Face config.json")
+    ap.add_argument("--list", action="store_true", help="list the shipped model presets and GPU presets, then exit")
     ap.add_argument("--gpu", default="L4-24GB", help="a GPU preset (T4-16GB, L4-24GB, A100-80GB ...) or a "
                     "capacity in GiB")
     ap.add_argument("--batch", type=int, default=1)
@@ -177,6 +178,14 @@ def main(argv=None) -> int:
     ap.add_argument("--headroom", type=float, default=0.05)
     ap.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
     args = ap.parse_args(argv)
+    if args.list:
+        from .virtual_gpu import PRESETS
+        print("models:", ", ".join(fit_presets()))
+        print("GPUs:  ", ", ".join(PRESETS), "(or a capacity in GiB)")
+        return 0
+    if args.model is None:
+        print("memlab-fit: error: give a MODEL (a preset, see --list, or a path to a config.json)", file=sys.stderr)
+        return 2
     gpu = args.gpu
     try:
         gpu = float(gpu)
