@@ -38,8 +38,8 @@ def test_two_layer_cuts_extend_to_a_full_depth_run(ckpt):
 def test_virtual_gpu_and_cpu_tensors_agree(ckpt):
     cfg = dict(SMALL, layers=2)
     cpu, virt = refs.measure_tiny(cfg, 2, 3, 11, ckpt), refs.measure_virtual(cfg, 2, 3, 11, ckpt)
-    for k in ("kept", "recomputed"):     # the virtual GPU rounds each storage up to 512 bytes
-        assert abs(cpu[k] - virt[k]) <= 0.02 * max(cpu[k], 1) + 512 * 4, (k, cpu, virt)
+    for k in ("kept", "recomputed"):     # the virtual GPU rounds each storage up to 512 bytes: at most about
+        assert 0 <= virt[k] - cpu[k] <= 512 * (20 * cfg["layers"] + 10), (k, cpu, virt)   # 20 per layer
 
 
 def test_solution_within_tolerance_and_wrong_ones_fail():
