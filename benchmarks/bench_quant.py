@@ -5,6 +5,7 @@ step on a tiny Llama measured against the estimator, and 7B fine-tunes on the vi
     python benchmarks/bench_quant.py --part formats --size 2048
     python benchmarks/bench_quant.py --part step
     python benchmarks/bench_quant.py --part 7b --seqs 512 2048
+    python benchmarks/bench_quant.py --part ex07
 
 Prints markdown tables.
   formats  int8 / int4 (absmax and zero-point, blocks of 64), bitsandbytes FP4, NF4 and NF4 with
@@ -17,6 +18,11 @@ Prints markdown tables.
   7b       Llama-2-7B shapes on the virtual GPU (fake tensors, 512-byte rounding): one step of full
            fine-tuning in bf16 (AdamW, bf16 state), LoRA on a bf16 base and QLoRA (NF4 stand-in), LoRA
            r=16 alpha=32 dropout 0.05 on q,k,v,o, checkpointing, batch 1; the QLoRA estimator beside.
+  ex07     exercise 07 task 7.4's recipe (NF4 projections, everything else and the LoRA adapters on all
+           seven projections in bf16, no dropout): the activations memlab's tracker attributes in one
+           step (kept at the end of the forward + one recomputed layer), as the grader measures them
+           (autograder/checks/ex07_refs.py: the tiny Llama on CPU tensors; 7B/13B on the virtual GPU from
+           1- and 2-layer cuts, and once at full depth), against the task text's count.
 """
 
 from __future__ import annotations
@@ -162,9 +168,48 @@ def bench_7b(seqs: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _task74_count(cfg, r, batch, seq, ckpt):
+    """Exercise 07 task 7.4's activation count, as its text states it."""
+    C, F, L, H, V = cfg["hidden"], cfg["intermediate"], cfg["layers"], cfg["heads"], cfg["vocab"]
+    kv, d, BT = cfg["kv_heads"] * (C // H), C // H, batch * seq
+    norm = 4 * C + 4
+    layer = BT * (2 * norm + 4 * C + 2 * (C + 2 * kv) + 2 * C + 4 * H + 8 * F + 14 * r)
+    outside = BT * (norm + 4 * V + 8) + 4 * seq * d
+    return L * 2 * BT * C + 8 * seq + outside + layer if ckpt else L * layer - BT * norm + outside
+
+
+def bench_ex07() -> str:
+    from autograder.checks import ex07_refs as R
+    rows = [("tiny (grader's visible config)", R.TINY, 3, 2, 9, False), ("tiny (grader's visible config)", R.TINY, 3, 2, 9, True),
+            ("7B", R.LLAMA_7B, 16, 1, 2048, False), ("7B", R.LLAMA_7B, 16, 1, 2048, True),
+            ("13B", R.LLAMA_13B, 16, 1, 2048, True)]
+    lines = ["### Exercise 07 task 7.4: activations of one QLoRA step, measured vs the task text\n",
+             "| model | r | batch x seq | checkpointing | how measured | kept | recomputed | measured | task text "
+             "| text - measured | CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, cfg, r, b, s, ck in rows:
+        runs = [("CPU tensors", lambda: R.measure_tiny(cfg, r, b, s, ck))] if cfg["layers"] <= 3 else [
+            ("virtual GPU, 1-/2-layer cuts", lambda: R.measure_virtual(cfg, r, b, s, ck))]
+        if name == "7B":
+            def full(cfg=cfg, r=r, b=b, s=s, ck=ck):
+                out: dict = {}
+                memlab.VirtualGPU(capacity_gb=2**20).run(R.activation_step, cfg, r, b, s, ck, out)
+                return out
+            runs.append(("virtual GPU, full depth", full))
+        text = _task74_count(cfg, r, b, s, ck)
+        for how, f in runs:
+            t0 = time.process_time()
+            m = f()
+            cpu = time.process_time() - t0
+            tot = m["kept"] + m["recomputed"]
+            lines.append(f"| {name} | {r} | {b} x {s} | {'yes' if ck else 'no'} | {how} | {m['kept']:,} | "
+                         f"{m['recomputed']:,} | {tot:,} ({fmt(tot)}) | {text:,} | {text - tot:+,} "
+                         f"({100 * (text - tot) / tot:+.4f}%) | {cpu:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=["all", "formats", "step", "7b"], default="all")
+    p.add_argument("--part", choices=["all", "formats", "step", "7b", "ex07"], default="all")
     p.add_argument("--size", type=int, default=1024, help="formats: the weights are size x size")
     p.add_argument("--batch", type=int, default=4, help="step: batch size")
     p.add_argument("--seq", type=int, default=64, help="step: sequence length")
@@ -189,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         print(bench_step(args.batch, args.seq), "\n")
     if args.part in ("all", "7b"):
         print(bench_7b(args.seqs), "\n")
+    if args.part in ("all", "ex07"):
+        print(bench_ex07(), "\n")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""Checks for exercise 07: NF4 and LoRA by hand.
+"""Checks for exercise 07: NF4 and LoRA by hand (cases, runs and judges; the references are in ex07_refs.py).
 
-References are the libraries themselves, computed by the judge: bitsandbytes'
-`quantize_4bit` / `dequantize_4bit` (NF4, CPU), its `quantize_blockwise` for the
-double quantization of the scales, peft's LoRA layer (`get_peft_model` on a one-Linear
-module with the same weights copied in), and for the memory estimator bnb's quantized
-tensors plus memlab's tracker on a tiny Llama (transformers + peft, bf16 adapters,
-torch.optim.AdamW), with a closed form written plainly below for every other config.
+References are the libraries themselves, computed by the judge: bitsandbytes' `quantize_4bit` /
+`dequantize_4bit` (NF4, CPU), its `quantize_blockwise` for the double quantization of the scales, peft's LoRA
+layer (`get_peft_model` on a one-Linear module with the same weights copied in), and for the memory estimator
+measurements: the model states of a real tiny Llama (bitsandbytes' quantized tensors, peft, memlab's tracker
+around one AdamW step), and the activations that memlab's tracker attributes in one QLoRA training step of a
+transformers Llama, on the CPU for tiny configs and on memlab.VirtualGPU for 7B- and 13B-shaped ones.
 
 In the learner's process `run` makes the library shortcuts unusable for the learner's
 own call: bitsandbytes' quantization functions and peft's entry points raise, and any
@@ -17,20 +17,15 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import memlab
-
 from .common import Task, allclose, expect_int, expect_type, memlab_files, no_calls_into, tasks
+from .ex07_refs import (DQ_BLOCK, GLOBAL_STATE, LLAMA_7B, LLAMA_13B, NF4_BLOCK, TINY, absmax_input,  # noqa: F401
+                        base_linear, bpp_reference, dynamic_code, lora_tensors, measured_activations,
+                        measured_states, nf4_input, peft_reference, states_closed_form)
 
-NF4_BLOCK, DQ_BLOCK = 64, 256
-# The grader judges several learners at once in threads: peft's dropout draws from torch's global RNG and
-# transformers patches torch.nn.init while it builds a model, so the judges that use them hold this lock.
-_GLOBAL_STATE = threading.RLock()
-PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _BNB_FUNCS = ("quantize_4bit", "dequantize_4bit", "quantize_nf4", "dequantize_nf4", "quantize_fp4",
               "dequantize_fp4", "quantize_blockwise", "dequantize_blockwise", "quantize", "dequantize")
 
@@ -105,34 +100,6 @@ def _tensor(name, t):
 
 
 # ----------------------------------------------------------------------------- task 7.1: NF4 quantize/dequantize
-def dynamic_code() -> torch.Tensor:
-    """bitsandbytes' signed 8-bit dynamic code (256 float32 levels in [-1, 1]): the code of task 7.2."""
-    import bitsandbytes.functional as bf
-    return bf.create_dynamic_map(signed=True).float()
-
-
-def _nf4_input(case):
-    """The tensor to quantize. kinds: normal; ties (entries exactly on the float32 midpoints between NF4
-    levels, every block's absmax a power of two so x / absmax is exact); zeros (block 1 all zeros);
-    scales (every block a different magnitude)."""
-    g = torch.Generator().manual_seed(case["seed"])
-    shape, bs = case["shape"], case["blocksize"]
-    n = math.prod(shape)
-    if case["kind"] == "ties":
-        import bitsandbytes.functional as bf
-        code = bf.get_4bit_type("nf4", device="cpu").float()
-        mids = (code[:-1] + code[1:]) / 2                              # float32, as bitsandbytes computes them
-        x = mids[torch.randint(0, 15, (n,), generator=g)]
-        x[::bs] = torch.where(torch.rand(x[::bs].shape, generator=g) < 0.5, -1.0, 1.0)   # absmax 1 in every block
-        x = x * 2.0 ** torch.randint(-3, 4, ((n + bs - 1) // bs,), generator=g).repeat_interleave(bs)[:n].float()
-    else:
-        x = torch.randn(n, generator=g)
-        if case["kind"] == "zeros":
-            x[bs:2 * bs] = 0.0
-        if case["kind"] == "scales":
-            x = x * torch.exp(3 * torch.randn((n + bs - 1) // bs, generator=g)).repeat_interleave(bs)[:n]
-    x = x.reshape(shape)
-    return x.to(torch.bfloat16) if case["dtype"] == "bfloat16" else x
 
 
 def _nf4_case(r, kind, bs=64, dtype="float32", shape=None):
@@ -157,7 +124,7 @@ def _nf4_cases(hidden, r):
 
 def _nf4_run(case, nf4_quantize, nf4_dequantize):
     import bitsandbytes.functional as bf
-    x = _nf4_input(case)
+    x = nf4_input(case)
     bs = case["blocksize"]
     p_ref, st = bf.quantize_4bit(x, blocksize=bs, quant_type="nf4")     # input for the learner's dequantize
     p_ref, am_ref = p_ref.flatten().clone(), st.absmax.clone()
@@ -185,7 +152,7 @@ def _nf4_judge(case, got):
     if got["ops"]:
         raise AssertionError(f"your functions called bitsandbytes' operators {got['ops']}: write the quantization "
                              f"yourself (torch only)")
-    x = _nf4_input(case)
+    x = nf4_input(case)
     bs, n = case["blocksize"], x.numel()
     nb = -(-n // bs)
     what = f"[{case['dtype']} input of shape {case['shape']} ({n} values), blocksize {bs}, case '{case['kind']}']"
@@ -258,12 +225,6 @@ def _nf4_judge(case, got):
 
 
 # ----------------------------------------------------------------------------- task 7.2: double quantization
-def _absmax_input(case):
-    g = torch.Generator().manual_seed(case["seed"])
-    a = torch.randn(case["blocks"], NF4_BLOCK, generator=g).abs().amax(dim=1)          # absmax of N(0,1) blocks
-    if case["spread"]:
-        a = a * torch.exp(torch.randn(case["blocks"], generator=g))
-    return a.float()
 
 
 def _bpp_cases(hidden, r):
@@ -299,7 +260,7 @@ def _dq_run(case, double_quantize, double_dequantize, nf4_bits_per_param):
             v = nf4_bits_per_param(case["n"], blocksize=case["blocksize"], double_quant=case["double_quant"])
         return {"bpp": float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v),
                 "ops": sorted(mode.ops)}
-    a = _absmax_input(case)
+    a = absmax_input(case)
     code = bf.create_dynamic_map(signed=True)
     q_ref, st2 = bf.quantize_blockwise(a - a.mean(), blocksize=DQ_BLOCK)
     with _no_bitsandbytes("task7_2_double_quant") as mode:
@@ -313,24 +274,6 @@ def _dq_run(case, double_quantize, double_dequantize, nf4_bits_per_param):
             "offset": float(off), "deq": deq.tolist(), "deq_dtype": str(deq.dtype), "ops": sorted(mode.ops)}
 
 
-def _bpp_reference(n, blocksize, double_quant):
-    """Storage bits per parameter of an NF4 tensor of n values: the packed codes, plus either one float32
-    absmax per block, or (double quantization) one uint8 code per block, one float32 absmax per 256 blocks
-    and the float32 offset. The code books are shared constants, not counted. Below 300k values it is
-    measured on bitsandbytes' own tensors; above, the same sum is written plainly."""
-    if n <= 300_000:
-        import bitsandbytes.functional as bf
-        p, st = bf.quantize_4bit(torch.randn(n, generator=torch.Generator().manual_seed(n)), blocksize=blocksize, quant_type="nf4",
-                                 compress_statistics=double_quant)
-        nbytes = p.numel() * p.element_size() + st.absmax.numel() * st.absmax.element_size()
-        if double_quant:
-            nbytes += st.state2.absmax.numel() * st.state2.absmax.element_size() + st.offset.numel() * 4
-        return 8 * nbytes / n
-    nb = -(-n // blocksize)
-    nbytes = -(-n // 2) + (nb + 4 * -(-nb // DQ_BLOCK) + 4 if double_quant else 4 * nb)
-    return 8 * nbytes / n
-
-
 def _dq_judge(case, got):
     import bitsandbytes.functional as bf
     expect_type("result", got, dict)
@@ -340,7 +283,7 @@ def _dq_judge(case, got):
         v = got["bpp"]
         if not isinstance(v, float):
             raise AssertionError(f"nf4_bits_per_param must return a float, got {v}")
-        want = _bpp_reference(case["n"], case["blocksize"], case["double_quant"])
+        want = bpp_reference(case["n"], case["blocksize"], case["double_quant"])
         if not math.isclose(v, want, rel_tol=1e-9):
             raise AssertionError(
                 f"nf4_bits_per_param({case['n']}, blocksize={case['blocksize']}, double_quant="
@@ -349,7 +292,7 @@ def _dq_judge(case, got):
                 f"a uint8 code, plus one float32 absmax per {DQ_BLOCK} blocks and one float32 offset; round "
                 f"every count UP (a partial block still stores its scale).")
         return
-    a = _absmax_input(case)
+    a = absmax_input(case)
     nb = a.numel()
     nb2 = -(-nb // DQ_BLOCK)
     what = f"[{nb} absmax values]"
@@ -407,30 +350,10 @@ def _lora_cases(hidden, r):
     return cases
 
 
-def _lora_tensors(case):
-    g = torch.Generator().manual_seed(case["seed"] + 7)
-    A = torch.randn(case["r"], case["d_in"], generator=g) * 0.3
-    B = torch.randn(case["d_out"], case["r"], generator=g) * 0.3
-    x = torch.randn(*case["lead"], case["d_in"], generator=g)
-    gout = torch.randn(*case["lead"], case["d_out"], generator=g)
-    return A, B, x, gout
-
-
-def _base_linear(case):
-    """The pretrained Linear, its weights drawn from the case's seed (no global RNG)."""
-    lin = torch.nn.Linear(case["d_in"], case["d_out"], bias=case["bias"])
-    g = torch.Generator().manual_seed(case["seed"])
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / math.sqrt(case["d_in"]))
-        if lin.bias is not None:
-            lin.bias.copy_(torch.randn(lin.bias.shape, generator=g) * 0.1)
-    return lin
-
-
 def _lora_run(case, LoRALinear):
     import torch.nn as nn
-    base = _base_linear(case)
-    A, B, x, gout = _lora_tensors(case)
+    base = base_linear(case)
+    A, B, x, gout = lora_tensors(case)
     had_peft = "peft" in sys.modules
     with _no_peft("task7_3_lora_linear"), _no_bitsandbytes("task7_3_lora_linear") as mode:
         layer = LoRALinear(base, case["r"], case["alpha"], case["dropout"])
@@ -473,43 +396,8 @@ def _lora_run(case, LoRALinear):
             "classes": classes, "peft_loaded": (not had_peft) and "peft" in sys.modules, "ops": sorted(mode.ops)}
 
 
-def _peft_reference(case):
-    """peft's LoRA layer on a one-Linear module with the same base weights, A and B; output and
-    gradients in train mode (dropout mask drawn after the same seed), eval output, merged weight."""
-    import torch.nn as nn
-    from peft import LoraConfig, get_peft_model
-
-    class One(nn.Module):
-        def __init__(self, lin):
-            super().__init__()
-            self.proj = lin
-
-        def forward(self, x):
-            return self.proj(x)
-
-    model = get_peft_model(One(_base_linear(case)), LoraConfig(r=case["r"], lora_alpha=case["alpha"],
-                                                               lora_dropout=case["dropout"],
-                                                               target_modules=["proj"]))
-    lin = model.base_model.model.proj
-    A, B, x, gout = _lora_tensors(case)
-    with torch.no_grad():
-        lin.lora_A["default"].weight.copy_(A)
-        lin.lora_B["default"].weight.copy_(B)
-    model.train()
-    xg = x.clone().requires_grad_(True)
-    torch.manual_seed(case["seed"] + 1)
-    out = model(xg)
-    out.backward(gout)
-    model.eval()
-    with torch.no_grad():
-        out_eval = model(x.clone())
-    lin.merge()
-    return {"out": out.detach(), "A": lin.lora_A["default"].weight.grad, "B": lin.lora_B["default"].weight.grad,
-            "x": xg.grad, "out_eval": out_eval, "merged_W": lin.base_layer.weight.detach().clone()}
-
-
 def _lora_judge(case, got):
-    with _GLOBAL_STATE:
+    with GLOBAL_STATE:
         _lora_judge_locked(case, got)
 
 
@@ -537,11 +425,11 @@ def _lora_judge_locked(case, got):
     want_tr = sorted([["lora_A", [r, d_in]], ["lora_B", [d_out, r]]])
     if got["trainable"] != want_tr:
         raise AssertionError(f"the trainable parameters are {got['trainable']}, expected exactly {want_tr} {what}")
-    base = _base_linear(case)
-    A, B, x, gout = _lora_tensors(case)
+    base = base_linear(case)
+    A, B, x, gout = lora_tensors(case)
     with torch.no_grad():
         allclose("output right after __init__ (eval mode)", got["out_init"], base(x), rtol=1e-5, atol=1e-6)
-    ref = _peft_reference(case)
+    ref = peft_reference(case)
     s = case["alpha"] / r
     hint = (f" The adapter adds (alpha / r) · B A x = {s:g} · B A x (alpha = {case['alpha']:g}, r = {r}), "
             f"with dropout on x in the adapter path only (nn.Dropout, called once, on the input of A).")
@@ -571,107 +459,39 @@ def _lora_judge_locked(case, got):
 
 # ----------------------------------------------------------------------------- task 7.4: QLoRA memory
 KEYS = ("base_nf4", "base_16bit", "adapters", "gradients", "optimizer", "activations", "total")
+STATES = KEYS[:5]
+ACT_RTOL = 0.01          # activations: within 1% of the measurement (a faithful count is within a few bytes)
 
 
-def _proj_shapes(cfg):
-    """(d_out, d_in) of the seven projections of one Llama decoder layer."""
-    C, F = cfg["hidden"], cfg["intermediate"]
-    kv = cfg["kv_heads"] * (C // cfg["heads"])
-    return [(C, C), (kv, C), (kv, C), (C, C), (F, C), (F, C), (C, F)]
+def _qlora_case(cfg, r, batch, seq, checkpointing, virtual):
+    return {"cfg": cfg, "r": r, "batch": batch, "seq": seq, "checkpointing": checkpointing, "virtual": virtual}
 
 
-def _qlora_closed_form(cfg, r, batch, seq, checkpointing):
-    """The accounting of the task text, written out term by term."""
-    C, F, L, H, V = cfg["hidden"], cfg["intermediate"], cfg["layers"], cfg["heads"], cfg["vocab"]
-    kv = cfg["kv_heads"] * (C // H)
-    nf4 = 0
-    for o, i in _proj_shapes(cfg):
-        n = o * i
-        blocks = -(-n // NF4_BLOCK)
-        nf4 += -(-n // 2) + blocks + 4 * -(-blocks // DQ_BLOCK) + 4      # codes, uint8 scales, absmax2, offset
-    nf4 *= L
-    base16 = 2 * (V * C + V * C + (2 * L + 1) * C)                    # embeddings, lm_head, norms in bf16
-    n_ad = L * sum(r * (o + i) for o, i in _proj_shapes(cfg))
-    adapters = 2 * n_ad
-    grads = 2 * n_ad
-    optimizer = 2 * 2 * n_ad + 4 * (L * 7 * 2)                        # exp_avg, exp_avg_sq in bf16 + a step per tensor
-    BT = batch * seq
-    layer = 2 * BT * (6 * C + 2 * kv + 4 * F + 7 * r) + 4 * batch * H * seq
-    outside = 2 * 2 * BT * C + 4 * BT * V
-    acts = (L * 2 * BT * C + layer if checkpointing else L * layer) + outside
-    d = {"base_nf4": nf4, "base_16bit": base16, "adapters": adapters, "gradients": grads, "optimizer": optimizer,
-         "activations": acts}
-    d["total"] = sum(d.values())
-    return d
-
-
-_MEASURED: dict = {}
-
-
-def _qlora_measured(cfg, r):
-    """Model-state bytes of a real tiny Llama: each projection quantized by bitsandbytes (NF4, double
-    quantization; the bytes of the tensors it returns), the other weights in bf16, peft LoRA adapters in
-    bf16 on all seven projections, one AdamW step measured by memlab's tracker."""
-    key = (tuple(sorted(cfg.items())), r)
-    if key in _MEASURED:
-        return _MEASURED[key]
-    import bitsandbytes.functional as bf
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-    lc = LlamaConfig(hidden_size=cfg["hidden"], intermediate_size=cfg["intermediate"],
-                     num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
-                     num_key_value_heads=cfg["kv_heads"], vocab_size=cfg["vocab"], max_position_embeddings=64,
-                     tie_word_embeddings=False)
-    model = LlamaForCausalLM(lc).to(torch.bfloat16)
-    nf4 = base16 = 0
-    for name, p in model.named_parameters():
-        if name.split(".")[-2] in PROJ:
-            q, st = bf.quantize_4bit(p.detach().float(), blocksize=NF4_BLOCK, quant_type="nf4",
-                                     compress_statistics=True)
-            nf4 += q.nbytes + st.absmax.nbytes + st.state2.absmax.nbytes + st.offset.nbytes
-        else:
-            base16 += p.nbytes
-    pm = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=list(PROJ)),
-                        autocast_adapter_dtype=False)
-    trainable = [p for p in pm.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-3)
-    ids = torch.randint(0, cfg["vocab"], (2, 8), generator=torch.Generator().manual_seed(0))
-    tracker = memlab.MemoryTracker(pm, opt)
-    with tracker:
-        pm(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-    bd = tracker.breakdown()
-    out = {"base_nf4": int(nf4), "base_16bit": int(base16), "adapters": sum(p.nbytes for p in trainable),
-           "gradients": bd["gradients"], "optimizer": bd["optimizer"]}
-    _MEASURED[key] = out
-    return out
-
-
-TINY = {"hidden": 40, "intermediate": 88, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 97}
-LLAMA_7B = {"hidden": 4096, "intermediate": 11008, "layers": 32, "heads": 32, "kv_heads": 32, "vocab": 32000}
+_FULL_SIZE: list = []      # the hidden full-size cases of this grader process: drawn once, shared by a class run
 
 
 def _qlora_cases(hidden, r):
+    """Tiny configs are measured on the CPU (states and activations), with and without checkpointing, fresh
+    for every learner. Full-size ones run on the virtual GPU: one 7B- and one 13B-shaped case, one of them
+    checkpointed, drawn once per grader process so that a class run measures them once (the judge caches
+    every measurement by its case)."""
     if not hidden:
-        return [{"cfg": TINY, "r": 3, "batch": 2, "seq": 9, "checkpointing": False, "measure": True},
-                {"cfg": TINY, "r": 3, "batch": 2, "seq": 9, "checkpointing": True, "measure": False}]
+        return [_qlora_case(TINY, 3, 2, 9, False, False), _qlora_case(TINY, 3, 2, 9, True, False)]
     heads = r.choice([2, 3, 4, 6])
     C = heads * 2 * r.randint(3, 7)                                  # head size even (RoPE), C no power of two
     tiny = {"hidden": C, "intermediate": r.randint(2 * C, 3 * C) | 1, "layers": r.randint(1, 3), "heads": heads,
-            "kv_heads": r.choice([k for k in (1, 2, 3, heads) if heads % k == 0]), "vocab": r.randint(50, 150)}
-    return [{"cfg": tiny, "r": r.randint(1, 5), "batch": r.randint(1, 3), "seq": r.randint(5, 20),
-             "checkpointing": r.random() < 0.5, "measure": True},
-            {"cfg": LLAMA_7B, "r": r.choice([8, 16, 64]), "batch": r.randint(1, 4), "seq": r.choice([512, 1000, 2048]),
-             "checkpointing": True, "measure": False},
-            {"cfg": LLAMA_7B, "r": r.choice([8, 16, 64]), "batch": r.randint(1, 4), "seq": r.choice([512, 1000, 2048]),
-             "checkpointing": False, "measure": False},
-            {"cfg": {"hidden": 5120, "intermediate": 13824, "layers": 40, "heads": 40, "kv_heads": 40,
-                     "vocab": 32000}, "r": r.randint(2, 40), "batch": r.randint(1, 3), "seq": r.randint(100, 999),
-             "checkpointing": r.random() < 0.5, "measure": False},
-            {"cfg": tiny, "r": r.randint(1, 5), "batch": r.randint(1, 3), "seq": r.randint(5, 20),
-             "checkpointing": True, "measure": False},
-            {"cfg": tiny, "r": r.randint(1, 5), "batch": r.randint(1, 3), "seq": r.randint(5, 20),
-             "checkpointing": False, "measure": False}]
+            "kv_heads": r.choice([k for k in (1, 2, 3, heads) if heads % k == 0]), "vocab": r.randint(300, 700)}
+    rank = r.randint(1, 5)                                           # one rank: one model-state measurement
+    with GLOBAL_STATE:
+        if not _FULL_SIZE:
+            ckpt_7b = r.random() < 0.5
+            _FULL_SIZE.extend([
+                _qlora_case(LLAMA_7B, r.choice([8, 16, 64]), r.randint(1, 3), r.choice([512, 1000, 2048]), ckpt_7b,
+                            True),
+                _qlora_case(LLAMA_13B, r.randint(2, 40), r.randint(1, 3), r.randint(100, 999), not ckpt_7b, True)])
+        full = [dict(c) for c in _FULL_SIZE]
+    return [_qlora_case(tiny, rank, r.randint(1, 3), r.randint(5, 20), True, False),
+            _qlora_case(tiny, rank, r.randint(1, 3), r.randint(5, 20), False, False), *full]
 
 
 def _qlora_run(case, qlora_memory):
@@ -692,14 +512,30 @@ _HINTS = {
     "gradients": "one bf16 gradient per adapter parameter",
     "optimizer": "AdamW keeps exp_avg and exp_avg_sq in the parameter's dtype (bf16: 2 + 2 bytes) and a 4-byte "
                  "step per adapter tensor (2 tensors per projection)",
-    "activations": "see the accounting in the task text; with checkpointing every layer keeps its bf16 input and "
-                   "ONE layer's activations are alive again during its recomputation",
-    "total": "the sum of the six other entries",
 }
 
 
+def _activation_hint(case, got, m):
+    """The likely mistake behind a wrong activation count, from the measured parts."""
+    cfg, BT = case["cfg"], case["batch"] * case["seq"]
+    logits = 4 * BT * cfg["vocab"]
+    close = lambda v: abs(got - v) <= ACT_RTOL * m["activations"]                      # noqa: E731
+    if case["checkpointing"] and close(m["kept"]):
+        return ("you counted what the forward keeps, but not the layer that is recomputed during the backward: "
+                "with checkpointing add one layer's full activations")
+    if close(m["activations"] - logits):
+        return "the fp32 log-softmax output of the loss (4 * batch * seq * vocab bytes) is missing"
+    if case["checkpointing"] and got > 2 * m["activations"]:
+        return "checkpointing is on: each layer keeps only its bf16 input, not its full activations"
+    if not case["checkpointing"] and got < m["activations"] / 2:
+        return "checkpointing is off: every layer keeps its full activations"
+    return ("count each term of the task text: per layer the two RMSNorms' fp32 inputs and rsqrt, their bf16 "
+            "outputs, q/k/v after RoPE (k and v are C_kv wide), the attention output and its fp32 logsumexp, "
+            "the four MLP tensors of width F, the seven rank-r adapter intermediates; layer 0 keeps less")
+
+
 def _qlora_judge(case, got):
-    with _GLOBAL_STATE:
+    with GLOBAL_STATE:
         _qlora_judge_locked(case, got)
 
 
@@ -716,18 +552,31 @@ def _qlora_judge_locked(case, got):
     cfg = case["cfg"]
     what = (f"[config {cfg}, r {case['r']}, batch {case['batch']}, seq {case['seq']}, "
             f"checkpointing {case['checkpointing']}]")
-    want = _qlora_closed_form(cfg, case["r"], case["batch"], case["seq"], case["checkpointing"])
-    if case["measure"]:
-        measured = _qlora_measured(cfg, case["r"])
+    states = states_closed_form(cfg, case["r"])
+    source = "the same sums over bitsandbytes' and peft's tensors"
+    if not case["virtual"]:
+        measured = measured_states(cfg, case["r"])
         for k, v in measured.items():      # the closed form is itself checked against the measurement
-            assert want[k] == v, f"internal: closed form {k} = {want[k]} but measured {v}"
-        for k, v in measured.items():
-            if res[k] != v:
-                raise AssertionError(f"{k} = {res[k]} bytes, but a real tiny Llama measures {v} bytes "
-                                     f"(bitsandbytes' tensors and memlab's tracker) {what}. Hint: {_HINTS[k]}.")
-    for k in KEYS:
-        if res[k] != want[k]:
-            raise AssertionError(f"{k} = {res[k]} bytes, expected {want[k]} {what}. Hint: {_HINTS[k]}.")
+            assert states[k] == v, f"internal: closed form {k} = {states[k]} but measured {v}"
+        states, source = measured, "a real tiny Llama measures (bitsandbytes' tensors and memlab's tracker)"
+    for k in STATES:
+        if res[k] != states[k]:
+            raise AssertionError(f"{k} = {res[k]} bytes, but {source} {states[k]} bytes {what}. "
+                                 f"Hint: {_HINTS[k]}.")
+    m = measured_activations(cfg, case["r"], case["batch"], case["seq"], case["checkpointing"], case["virtual"])
+    where = ("memlab's tracker on the virtual GPU (1- and 2-layer cuts of this config, extended to its depth)"
+             if case["virtual"] else "memlab's tracker on a tiny QLoRA Llama (transformers + peft) on the CPU")
+    if abs(res["activations"] - m["activations"]) > ACT_RTOL * m["activations"]:
+        parts = f"kept by the forward {m['kept']}" + (f" + one recomputed layer {m['recomputed']}"
+                                                      if case["checkpointing"] else "")
+        raise AssertionError(f"activations = {res['activations']} bytes, but {where} measures {m['activations']} "
+                             f"bytes ({parts}; tolerance {ACT_RTOL:.0%}) {what}. Hint: "
+                             f"{_activation_hint(case, res['activations'], m)}.")
+    own = sum(res[k] for k in KEYS[:6])
+    if res["total"] != own:
+        raise AssertionError(f"total = {res['total']}, but your six other entries sum to {own} {what}")
+
+
 
 
 TASKS = tasks(

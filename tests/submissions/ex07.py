@@ -78,9 +78,18 @@ def nf4_quantize(x, blocksize=64):
                                               "return -(-n // 2)")},
                         **_lose(ALL4)},
     # checkpointing without the recomputed layer
-    "qlora_ckpt_no_recompute": {"replace": {S4: edit(MEM, "kept = L * 2 * BT * C + layer if checkpointing",
-                                                      "kept = L * 2 * BT * C if checkpointing")},
+    "qlora_ckpt_no_recompute": {"replace": {S4: edit(MEM, "acts = L * 2 * BT * C + 8 * seq + outside + layer",
+                                                      "acts = L * 2 * BT * C + 8 * seq + outside")},
                                 **_lose(ALL4)},
+    # checkpointing ignored: every layer keeps its full activations either way
+    "qlora_ckpt_ignored": {"replace": {S4: edit(MEM, "    if checkpointing:\n", "    if False:\n")},
+                           **_lose(ALL4)},
+    # the loss's fp32 log-softmax over the vocabulary forgotten
+    "qlora_no_fp32_logits": {"replace": {S4: edit(MEM, "outside = BT * (norm + 4 * V + 8)", "outside = BT * (norm + 8)")},
+                             **_lose(ALL4)},
+    # the previous, coarser accounting: bf16 norm outputs only, no fp32 norm inputs, layer 0 like the others
+    "qlora_norms_bf16": {"replace": {S4: edit(MEM, "norm = 4 * C + 4", "norm = 2 * C")},
+                         **_lose(ALL4)},
     # AdamW state in fp32 (8 bytes per parameter) and no step tensors
     "qlora_adam_fp32": {"replace": {S4: edit(MEM, '"optimizer": 4 * n_adapter + 4 * 14 * L',
                                               '"optimizer": 8 * n_adapter')},
