@@ -42,24 +42,24 @@ WRONG = {
     "shared_stepped_twice": {"replace": {S1: edit(ZERO1, DEDUPE, "")}, "must_lose": ALL1 + ALL2,
                              "must_keep": ALL3},
     # 6.1: the gradient divided by N twice; 6.3: Psi / N, as if tensors split evenly
-    "average_twice+psi_over_n": {
+    "average_twice_and_psi_over_n": {
         "replace": {S1: edit(ZERO1, "p.grad /= self.world\n", "p.grad /= self.world\n                p.grad /= self.world\n"),
                     S3: edit(MEM, MEM_LOAD, "    psi, mine = sum(numels), sum(numels) // world_size")},
         "must_lose": ALL1 + ALL3, "must_keep": ALL2},
     # 6.1: summed, never divided; 6.3: K = 16 (the whole 2 + 2 + 12 taken as optimizer state)
-    "sum_no_divide+k16": {
+    "sum_no_divide_and_k16": {
         "replace": {S1: edit(ZERO1, "                p.grad /= self.world\n", ""),
                     S3: edit(MEM, '"bf16_adam": (2, 2, 12)', '"bf16_adam": (2, 2, 16)')},
         "must_lose": ALL1 + ALL3, "must_keep": ALL2},
     # 6.1: a frozen or unused parameter (grad None) crashes the all-reduce; 6.3: K = 4 (only the master copy)
-    "frozen_crash+k4": {
+    "frozen_crash_and_k4": {
         "replace": {S1: edit(ZERO1, "            if p.grad is not None:\n                dist.all_reduce(p.grad)",
                              "            if True:\n                dist.all_reduce(p.grad)"),
                     S3: edit(MEM, '"bf16_adam": (2, 2, 12)', '"bf16_adam": (2, 2, 4)')},
         "must_lose": ALL1 + ALL3, "must_keep": ALL2},
     # 6.2: ZeRO-1's all-reduce kept (every rank receives every gradient and keeps it);
     # 6.3: stage 2 forgets that the gradients are sharded
-    "zero2_allreduce+stage2_full_grads": {
+    "zero2_allreduce_and_stage2_full_grads": {
         "replace": {S2: """class ZeRO2Optimizer(ShardedOptimizer):
     def reduce_gradients(self):
         super().reduce_gradients()""",
@@ -74,7 +74,7 @@ WRONG = {
 RIGHT = {
     # round-robin over the size-sorted tensors (balanced within one tensor), the parameters all-gathered as one
     # padded flat buffer per rank, and ZeRO-2 as a reduce-scatter of padded flat gradient buffers
-    "round_robin+all_gather+reduce_scatter": {"replace": {
+    "round_robin_all_gather_reduce_scatter": {"replace": {
         S1: edit(edit(ZERO1, GREEDY, """        ordered = sorted(trainable, key=lambda p: p.numel() * p.element_size(), reverse=True)
         self.owner = {p: i % self.world for i, p in enumerate(ordered)}
 """), BROADCAST, """        mine = {r: [p for p, o in self.owner.items() if o == r] for r in range(self.world)}
