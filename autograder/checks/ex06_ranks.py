@@ -112,10 +112,17 @@ def run_ranks(world: int, fn, timeout: float = 60.0, collective_timeout: float =
             if errors:
                 break
         if errors:
-            r = min(errors)
+            collective = lambda r: "gloo" in errors[r] or "Connection" in errors[r]   # noqa: E731
+            r = min(errors, key=lambda r: (collective(r), r))        # the cause before its echoes on other ranks
             if errors[r].startswith("NotImplementedError"):
                 raise NotImplementedError(f"rank {r}: {errors[r].splitlines()[0]}")
-            raise RanksFailed(f"rank {r} of {world} raised {errors[r]}")
+            hint = ""
+            if collective(r):
+                hint = ("\nHint: a collective failed because another rank left it or never called it: every rank must "
+                        "call the same collectives in the same order (the same loop over the same parameters), "
+                        "with the same source or destination rank.\n")
+            raise RanksFailed(f"rank {r} of {world} raised {errors[r].splitlines()[0]}{hint}\n"
+                              + "\n".join(errors[r].splitlines()[1:]))
         return [results[r] for r in range(world)]
     finally:
         for p in procs:
