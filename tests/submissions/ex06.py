@@ -68,6 +68,13 @@ WRONG = {
     # 6.2: reduced to the owner, but the other ranks keep their (partial-sum) gradients
     "zero2_keeps_grads": {"replace": {S2: edit(ZERO2, "                p.grad = None", "                pass")},
                           "must_lose": ALL2, "must_keep": ALL1 + ALL3},
+    # the library's optimizer and memlab's formula instead of the learner's own: off limits, caught by the profiler
+    "library_shortcuts": {
+        "replace": {S1: "from torch.distributed.optim import ZeroRedundancyOptimizer as ShardedOptimizer",
+                    S3: """def rank_memory(numels, stage, world_size, layout):
+    total = int(memlab.estimate.zero_model_state_bytes(sum(numels), world_size, stage))
+    return {"params": 0, "grads": 0, "optimizer": total, "total": total}"""},
+        "must_lose": ALL1 + ALL2 + ALL3},
 }
 
 # correct alternatives: every point kept
