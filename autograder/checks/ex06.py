@@ -19,7 +19,7 @@ import torch
 from memlab.comm import CommCounter
 
 from .common import Task, allclose, expect_int, expect_type, tasks
-from .ex06_ranks import run_ranks
+from .ex06_ranks import RanksFailed, run_ranks
 from .ex06_refs import (LAYOUTS, OFF_LIMITS, Net, batch, loss_fn, no_shortcuts, optimizer_cls, param_groups,
                         reference_rank_bytes, reference_run, unique_params)
 
@@ -123,7 +123,14 @@ def _run(task, name):
         cls = names[name]
         if not isinstance(cls, type):
             raise TypeError(f"{name} must be a class (a torch.optim.Optimizer subclass), got {type(cls).__name__}")
-        return run_ranks(case["world"], _rank_fn(case, cls, task), timeout=60)
+        try:
+            return run_ranks(case["world"], _rank_fn(case, cls, task), timeout=60)
+        except RanksFailed as e:
+            text = str(e)
+            if "NoneType" in text:
+                text = ("a parameter without a gradient (frozen, or unused by this forward: .grad is None) reached a "
+                        "collective or the optimizer: skip it, on every rank alike. " + text)
+            raise RanksFailed(text) from None
     return run
 
 
