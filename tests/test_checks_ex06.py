@@ -1,0 +1,194 @@
+"""Exercise 06's check helpers in-process: the forked rank harness (values back, a rank's traceback, a hang
+killed), the optimizer-state weighing, the off-limits calls, the task 6.3 reference against brute force and
+against bytes memlab's tracker measures, and the reference solution passing its visible checks."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import nbformat
+import pytest
+import torch
+
+import memlab
+from _nb import ROOT, grade_id, is_solution, solved_code
+from autograder.checks import ex06, ex06_ranks, ex06_refs
+from autograder.checks.common import check
+
+NB = nbformat.read(ROOT / "solutions" / "06_zero" / "06_zero.ipynb", as_version=4)
+REFERENCE = {grade_id(c): solved_code(c.source) for c in NB.cells if is_solution(c)}
+
+
+def _solution() -> dict:
+    ns: dict = {}
+    exec("import torch\nimport memlab\nimport torch.distributed as dist\n", ns)
+    for gid in ("task6_1_sharded_optimizer", "task6_2_reduce_scatter", "task6_3_rank_memory"):
+        exec(compile(REFERENCE[gid], gid, "exec"), ns)
+    return ns
+
+
+# ----------------------------------------------------------------------------- the rank harness
+def _sum_ranks(rank, world):
+    import torch.distributed as dist
+    x = torch.tensor([float(rank + 1)])
+    dist.all_reduce(x)
+    return {"rank": rank, "sum": x.item()}
+
+
+def test_run_ranks_brings_back_every_rank_in_order():
+    out = ex06_ranks.run_ranks(3, _sum_ranks)
+    assert out == [{"rank": r, "sum": 6.0} for r in range(3)]
+
+
+def _raise_on_one(rank, world):
+    if rank == 1:
+        raise ValueError("boom on purpose")
+    return rank
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback():
+    with pytest.raises(ex06_ranks.RanksFailed, match=r"rank 1 of 2 raised ValueError: boom on purpose(.|\n)*Traceback"):
+        ex06_ranks.run_ranks(2, _raise_on_one)
+
+
+def _hang_on_zero(rank, world):
+    import torch.distributed as dist
+    if rank == 0:
+        dist.broadcast(torch.zeros(1), src=1)        # rank 1 never joins this collective
+    time.sleep(60)
+    return rank
+
+
+def _leave_early(rank, world):
+    import torch.distributed as dist
+    if rank == 0:
+        dist.broadcast(torch.zeros(1), src=1)        # rank 1 returns without joining it
+    return rank
+
+
+def test_a_hung_rank_is_killed_after_the_time_limit():
+    t0 = time.monotonic()
+    with pytest.raises(ex06_ranks.RanksFailed, match="did not finish within 3 s"):
+        ex06_ranks.run_ranks(2, _hang_on_zero, timeout=3, collective_timeout=60)
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_collective_another_rank_skipped_is_explained():
+    with pytest.raises(ex06_ranks.RanksFailed, match="same collectives in the same order"):
+        ex06_ranks.run_ranks(2, _leave_early, timeout=30)
+
+
+def test_run_ranks_rejects_a_bad_world():
+    with pytest.raises(ValueError, match="world"):
+        ex06_ranks.run_ranks(0, _sum_ranks)
+
+
+# ----------------------------------------------------------------------------- what the judge measures
+def test_state_bytes_count_an_inner_optimizer_and_name_its_parameters():
+    a, b, c = (torch.nn.Parameter(torch.randn(n)) for n in (5, 7, 3))
+
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self):
+            super().__init__([a, b, c], {})
+            self.inner = [torch.optim.AdamW([b])]            # reachable through a list attribute
+
+    w = Wrapper()
+    b.grad = torch.ones(7)
+    w.inner[0].step()
+    nbytes, owners = ex06._state(w, [a, b, c])
+    assert owners == [1]
+    assert nbytes == 2 * 7 * 4 + 4                              # exp_avg + exp_avg_sq + the step scalar
+
+
+def test_no_shortcuts_catches_zero_redundancy_optimizer_and_memlab_zero():
+    with pytest.raises(AssertionError, match="off limits"):
+        with ex06_refs.no_shortcuts("task6_3_rank_memory"):
+            memlab.estimate.zero_model_state_bytes(1000, 4, 2)
+    with pytest.raises(AssertionError, match="off limits"):
+        with ex06_refs.no_shortcuts("task6_3_rank_memory"):
+            from memlab import zero
+            zero.comm_volume(1000, 2)
+    with ex06_refs.no_shortcuts("task6_3_rank_memory"):          # the rest of memlab is allowed
+        memlab.estimate.model_state_bytes(1000)
+
+
+def test_reference_run_dedupes_a_shared_weight_and_skips_frozen_and_unused():
+    case = ex06._dp_cases(True, random.Random(3))[1] | {"shared": True, "frozen": True, "unused": True}
+    model = ex06_refs.Net(case)
+    assert len(model.listed_params()) == len(list(model.parameters())) + 1        # listed twice, one tensor
+    params, state, grads = ex06_refs.reference_run(case)
+    frozen = [i for i, p in enumerate(model.parameters()) if not p.requires_grad]
+    unused = [i for i, p in enumerate(model.parameters()) if any(p is q for q in model.extra.parameters())]
+    assert frozen and unused
+    for i in frozen + unused:
+        assert state[i] == 0 and grads[i] is None
+        assert torch.equal(params[i], list(model.parameters())[i].detach())           # never changed
+
+
+# ----------------------------------------------------------------------------- task 6.3's reference
+def _brute_loads(numels, world):
+    """The greedy assignment as a plain loop over a list (the reference uses a heap)."""
+    loads = [0] * world
+    for n in sorted(numels, reverse=True):
+        loads[loads.index(min(loads))] += n
+    return sorted(loads)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_loads_match_a_plain_loop(seed):
+    r = random.Random(seed)
+    numels = [r.randint(1, 500) for _ in range(r.randint(1, 12))]
+    world = r.randint(1, 6)
+    loads = ex06_refs.greedy_loads(numels, world)
+    assert sorted(loads) == _brute_loads(numels, world)
+    assert sum(loads) == sum(numels)
+    assert max(loads) <= sum(numels) / world + max(numels)
+
+
+def test_rank_bytes_match_tensors_measured_by_the_tracker():
+    """Allocate on one 'rank' what the accounting says it keeps (bf16 weights and grads, fp32 master, Adam's two
+    fp32 moments) and let memlab's tracker weigh it."""
+    numels, world = [900, 40, 700, 650, 33, 1200], 3
+    loads = ex06_refs.greedy_loads(numels, world)
+    mine = max(loads)
+    for stage in range(4):
+        want = ex06_refs.reference_rank_bytes(numels, stage, world, "bf16_adam")
+        tracker = memlab.MemoryTracker()
+        with tracker:
+            n_w = mine if stage >= 3 else sum(numels)
+            n_g = mine if stage >= 2 else sum(numels)
+            n_o = mine if stage >= 1 else sum(numels)
+            keep = [torch.empty(n_w, dtype=torch.bfloat16), torch.empty(n_g, dtype=torch.bfloat16),
+                    *[torch.empty(n_o, dtype=torch.float32) for _ in range(3)]]
+            measured = tracker.current
+        assert measured == want["total"], (stage, measured, want)
+        del keep
+
+
+def test_task_6_3_hidden_cases_are_uneven_and_cover_every_stage_and_layout():
+    for seed in range(10):
+        cases = ex06._mem_cases(True, random.Random(seed))
+        assert sorted(c["stage"] for c in cases) == [0, 1, 2, 3]
+        assert {"bf16_adam", "fp32_adam"} <= {c["layout"] for c in cases}
+        for c in cases:
+            if c["stage"]:
+                assert max(ex06_refs.greedy_loads(c["numels"], c["world"])) * c["world"] != sum(c["numels"])
+
+
+def test_the_hidden_optimizer_cases_cover_every_branch():
+    for seed in range(10):
+        cases = ex06._dp_cases(True, random.Random(seed))
+        assert {c["opt"] for c in cases} == {"adamw", "sgd"}
+        assert len({c["world"] for c in cases}) == 2 and all(2 <= c["world"] <= 4 for c in cases)
+        for key in ("groups", "frozen", "unused", "shared"):
+            assert any(c[key] for c in cases), key
+        assert any(c["kwargs"].get("weight_decay") for c in cases if c["opt"] == "adamw")
+
+
+# ----------------------------------------------------------------------------- the solution passes
+def test_reference_solution_passes_the_visible_checks():
+    ns = _solution()
+    for tid, name in (("task6_1_sharded_optimizer", "ShardedOptimizer"), ("task6_2_reduce_scatter", "ZeRO2Optimizer"),
+                      ("task6_3_rank_memory", "rank_memory")):
+        assert check(ex06.TASKS[tid], hidden=False, **{name: ns[name]}) >= 1
