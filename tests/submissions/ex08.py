@@ -87,24 +87,6 @@ _FIRST_STEP_ONLY = _fits('run.fits and run.peak <= gpu.capacity * (1 - problem["
 # steady state, but up to the last byte: no room for the CUDA context
 _NO_HEADROOM = _fits("run.fits and steady <= gpu.capacity")
 
-# forgets the optimizer: measures forward and backward only
-_NO_OPTIMIZER = '''
-def fits(problem, plan):
-    gpu = memlab.VirtualGPU(problem["gpu"])
-    class _NoStep:
-        def step(self):
-            pass
-        def zero_grad(self, set_to_none=True):
-            pass
-    def step(size="full"):
-        model = ex08.build(problem, plan, "full")[0]
-        memlab.watch(model)
-        x, y = ex08.batch_data(problem, "full")
-        train_step(model, _NoStep(), x, y, plan)
-    run = gpu.run(step, catch_oom=True)
-    return run.fits and run.peak <= gpu.capacity * (1 - problem["headroom"])
-''' + _SEARCH.format(ks="range(L + 1)", mbs="range(B, 0, -1)", opt="fused")
-
 _GOOD_FITS = '''
 def fits(problem, plan):
     gpu = memlab.VirtualGPU(problem["gpu"])
@@ -141,13 +123,11 @@ WRONG = {
     "no_headroom": {
         "replace": {"task8_2_make_it_fit": _NO_HEADROOM}, "must_lose": ["task8_2_make_it_fit_hidden"],
         "must_keep": _T1},
-    "forgot_the_optimizer": {
-        "replace": {"task8_2_make_it_fit": _NO_OPTIMIZER}, "must_lose": _T2 + _T3, "must_keep": _T1},
     "checkpoint_every_block": {
         "replace": {"task8_2_make_it_fit": _ALWAYS_ALL_BLOCKS}, "must_lose": _T3, "must_keep": _T1 + _T2},
     "one_sequence_per_micro_batch": {
         "replace": {"task8_2_make_it_fit": _ALWAYS_ONE_SEQUENCE}, "must_lose": ["task8_3_cheapest_plan_hidden"],
-        "must_keep": _T1 + _T2},
+        "must_keep": _T1},
 }
 
 RIGHT = {
