@@ -70,12 +70,14 @@ def test_cost_counts_micro_batches_rounding_up_and_domination_is_strict():
     assert dominating(p, (2, 1), front) == [(1, 1)]      # checkpointing more than needed
 
 
+@pytest.mark.slow
 def test_solution_train_step_passes_the_tiny_cases():
     ns = _namespace()
     for case in _tiny_cases(False) + _tiny_cases(True, 1):
         _judge_tiny(ns, case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["micro_batches_without_dividing_the_loss",
                                   "dividing_by_the_count_of_uneven_micro_batches", "frozen_embedding"])
 def test_wrong_train_steps_fail_visible_and_every_hidden_draw(name):
