@@ -43,18 +43,20 @@ HIDDEN_PROBLEMS = [   # each needs checkpointing or micro-batches, and AdamW's s
 @contextlib.contextmanager
 def _no_fit_tool():
     """memlab.fit / memlab.fit_search answer this exercise: they raise while the learner's code runs."""
-    saved = {n: getattr(memlab, n) for n in ("fit", "fit_search") if hasattr(memlab, n)}
+    import sys
+    homes = [memlab, sys.modules.get("memlab.fit"), sys.modules.get("memlab.fit_search")]
+    saved = [(m, n, getattr(m, n)) for m in homes if m is not None for n in ("fit", "fit_search") if hasattr(m, n)]
 
     def refuse(*a, **k):
         raise RuntimeError("memlab.fit and memlab.fit_search are off limits in exercise 08: measure your plans "
                            "with memlab.VirtualGPU / memlab.clinic.run_full_size and search the options yourself")
-    for n in saved:
-        setattr(memlab, n, refuse)
+    for m, n, _ in saved:
+        setattr(m, n, refuse)
     try:
         yield
     finally:
-        for n, v in saved.items():
-            setattr(memlab, n, v)
+        for m, n, v in saved:
+            setattr(m, n, v)
 
 
 def _counted(model):
