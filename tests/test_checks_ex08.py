@@ -1,0 +1,126 @@
+"""Exercise 08's checks in-process (check(), no sandbox): plain-data validation, the cost order, the tiny
+same-maths half against the source notebook's train_step and the wrong ones of tests/submissions/ex08.py, the
+hidden cases covering every option in every draw, and memlab.fit kept out of the learner's calls. The
+full-size halves (virtual GPU searches) run in tests/test_wrong_submissions.py -k 08_capstone."""
+
+from __future__ import annotations
+
+import random
+
+import nbformat
+import pytest
+
+import memlab
+from _nb import ROOT, grade_id, is_solution, solved_code
+from autograder.checks import ex08
+from autograder.checks.common import decode, encode
+from autograder.checks.ex08_ref import MODELS, check_problem, cost, dominating, make_step, plan_error
+from submissions import ex08 as wrong
+
+SOURCE = ROOT / "solutions" / "08_capstone" / "08_capstone.ipynb"
+PROBLEM = ex08.VISIBLE_PROBLEM
+
+
+def _namespace(replace: dict[str, str] | None = None) -> dict:
+    replace = replace or {}
+    ns: dict = {}
+    for cell in nbformat.read(SOURCE, as_version=4).cells:
+        gid = grade_id(cell)
+        if gid == "setup":
+            exec(compile(cell.source, "setup", "exec"), ns)
+        elif is_solution(cell):
+            exec(compile(replace.get(gid, solved_code(cell.source)), gid, "exec"), ns)
+    return ns
+
+
+def _tiny_cases(hidden, seed=0):
+    return [c for c in ex08.train_step_cases(hidden, random.Random(seed)) if c["part"] == "tiny"]
+
+
+def _judge_tiny(ns, case):
+    got = decode(encode(ex08.train_step_run(case, ns["train_step"])))
+    ex08.train_step_judge(case, got)
+
+
+def test_plan_validation_names_the_field():
+    plan = {"micro_batch": 2, "checkpoint": 1, "optimizer": "fused"}
+    assert plan_error(plan, PROBLEM) is None
+    assert "micro_batch" in plan_error({**plan, "micro_batch": 0}, PROBLEM)
+    assert "micro_batch" in plan_error({**plan, "micro_batch": PROBLEM["batch"] + 1}, PROBLEM)
+    assert "checkpoint" in plan_error({**plan, "checkpoint": MODELS[PROBLEM["model"]]["full"].n_layer + 1}, PROBLEM)
+    assert "checkpoint" in plan_error({**plan, "checkpoint": True}, PROBLEM)
+    assert "optimizer" in plan_error({**plan, "optimizer": "sgd"}, PROBLEM)
+    assert "keys" in plan_error({**plan, "lr": 1.0}, PROBLEM)
+    assert "dict" in plan_error([2, 1, "fused"], PROBLEM)
+    with pytest.raises(ValueError, match="model"):
+        check_problem({**PROBLEM, "model": "gpt-7b"})
+    with pytest.raises(ValueError, match="batch"):
+        check_problem({**PROBLEM, "batch": 0})
+    with pytest.raises(ValueError, match="micro_batch"):
+        make_step(PROBLEM, {**plan, "micro_batch": 0}, lambda *a: None)
+
+
+def test_cost_counts_micro_batches_rounding_up_and_domination_is_strict():
+    p = {**PROBLEM, "batch": 7}
+    assert cost(p, {"micro_batch": 3, "checkpoint": 2, "optimizer": "fused"}) == (2, 3)
+    front = {0: (3, 3), 1: (1, 7)}
+    assert dominating(p, (1, 3), front) == [(0, 3), (1, 1)]
+    assert dominating(p, (0, 3), front) == []            # on the front: nothing cheaper
+    assert dominating(p, (1, 1), front) == []
+    assert dominating(p, (2, 1), front) == [(1, 1)]      # checkpointing more than needed
+
+
+@pytest.mark.slow
+def test_solution_train_step_passes_the_tiny_cases():
+    ns = _namespace()
+    for case in _tiny_cases(False) + _tiny_cases(True, 1):
+        _judge_tiny(ns, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["micro_batches_without_dividing_the_loss",
+                                  "dividing_by_the_count_of_uneven_micro_batches", "frozen_embedding"])
+def test_wrong_train_steps_fail_visible_and_every_hidden_draw(name):
+    ns = _namespace(wrong.WRONG[name]["replace"])
+    for hidden, seeds in ((False, [0]), (True, range(4))):
+        for seed in seeds:
+            with pytest.raises(AssertionError):
+                for case in _tiny_cases(hidden, seed):
+                    _judge_tiny(ns, case)
+
+
+def test_right_wrapped_blocks_passes_the_tiny_cases():
+    ns = _namespace(wrong.RIGHT["wrapped_blocks"]["replace"])
+    for case in _tiny_cases(False) + _tiny_cases(True, 2):
+        _judge_tiny(ns, case)
+
+
+def test_hidden_train_step_cases_cover_every_option():
+    for seed in range(20):
+        cases = ex08.train_step_cases(True, random.Random(seed))
+        tiny = [c for c in cases if c["part"] == "tiny"]
+        assert any(c["part"] == "full" for c in cases)
+        plans = [(c["problem"], c["plan"]) for c in tiny]
+        L = lambda p: MODELS[p["model"]]["full"].n_layer  # noqa: E731
+        assert {pl["optimizer"] for _, pl in plans} == {"foreach", "fused"}
+        assert any(pl["micro_batch"] == 1 for _, pl in plans)
+        assert any(pl["micro_batch"] == p["batch"] for p, pl in plans)
+        assert any(p["batch"] % pl["micro_batch"] for p, pl in plans)                          # uneven
+        assert any(pl["micro_batch"] > 1 and p["batch"] % pl["micro_batch"] == 0 and pl["micro_batch"] < p["batch"]
+                   or p["batch"] in (3, 5, 7) for p, pl in plans)                                # even (or prime)
+        assert any(pl["checkpoint"] == 0 for _, pl in plans)
+        assert any(pl["checkpoint"] == L(p) for p, pl in plans)
+        assert any(0 < pl["checkpoint"] < L(p) for p, pl in plans)
+        assert {MODELS[p["model"]]["full"].pos for p, _ in plans} == {"learned", "rope"}
+
+
+def test_fit_tools_raise_inside_the_learner_call_and_come_back():
+    sentinel = object()
+    memlab.fit = sentinel
+    try:
+        with ex08._no_fit_tool():
+            with pytest.raises(RuntimeError, match="off limits"):
+                memlab.fit("llama-2-7b")
+        assert memlab.fit is sentinel
+    finally:
+        del memlab.fit
