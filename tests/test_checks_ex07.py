@@ -53,7 +53,9 @@ def test_solution_within_tolerance_and_wrong_ones_fail():
         ex07._qlora_judge(c, ex07._qlora_run(c, right))
         m = refs.measured_activations(c["cfg"], c["r"], c["batch"], c["seq"], c["checkpointing"], c["virtual"])
         got = right(dict(c["cfg"]), r=c["r"], batch=c["batch"], seq=c["seq"], checkpointing=c["checkpointing"])
-        assert abs(got["activations"] - m["activations"]) <= 64, (c, got["activations"], m)
+        # the virtual GPU rounds each storage up to 512 bytes: at most about 20 per layer (as above)
+        tol = 512 * (20 * c["cfg"]["layers"] + 10) if c["virtual"] else 64
+        assert abs(got["activations"] - m["activations"]) <= tol, (c, got["activations"], m)
     for name, f in bad.items():
         failed = 0
         for c in cases:
