@@ -6,6 +6,7 @@ full-size halves (virtual GPU searches) run in tests/test_wrong_submissions.py -
 from __future__ import annotations
 
 import random
+import sys
 
 import nbformat
 import pytest
@@ -115,12 +116,11 @@ def test_hidden_train_step_cases_cover_every_option():
 
 
 def test_fit_tools_raise_inside_the_learner_call_and_come_back():
-    sentinel = object()
-    memlab.fit = sentinel
-    try:
-        with ex08._no_fit_tool():
+    # memlab.fit and memlab.fit_search name the functions; their modules live in sys.modules
+    fit_module, search_module = sys.modules["memlab.fit"], sys.modules["memlab.fit_search"]
+    before = (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search)
+    with ex08._no_fit_tool():
+        for f in (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search):
             with pytest.raises(RuntimeError, match="off limits"):
-                memlab.fit("llama-2-7b")
-        assert memlab.fit is sentinel
-    finally:
-        del memlab.fit
+                f("llama-2-7b")
+    assert (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search) == before
