@@ -69,3 +69,17 @@ def wrong_submission_specs():
         if info.name.startswith("ex"):
             mods.append(importlib.import_module(f"submissions.{info.name}"))
     return mods
+
+
+def solution_namespace(source, replace: dict[str, str] | None = None) -> dict:
+    """The learner's names as the source notebook at `source` defines them: the setup cell, then every solution
+    cell (solved), with the cells in `replace` (grade id -> code) swapped for other code."""
+    replace = replace or {}
+    ns: dict = {}
+    for cell in nbformat.read(source, as_version=4).cells:
+        gid = grade_id(cell)
+        if gid == "setup":
+            exec(compile(cell.source, "setup", "exec"), ns)
+        elif is_solution(cell):
+            exec(compile(replace.get(gid, solved_code(cell.source)), gid, "exec"), ns)
+    return ns

@@ -13,7 +13,7 @@ import torch
 import memlab
 from torch.utils.flop_counter import FlopCounterMode
 
-from _nb import ROOT, grade_id, is_solution, solved_code
+from _nb import ROOT, grade_id, is_solution, solution_namespace
 from autograder.checks import ex00
 from autograder.checks.common import check
 from submissions import ex00 as wrong
@@ -24,15 +24,7 @@ NAMES = {"task0_1_op_cost": "op_cost", "task0_2_roofline": "roofline", "task0_3_
 
 
 def _namespace(replace: dict[str, str] | None = None) -> dict:
-    replace = replace or {}
-    ns: dict = {}
-    for cell in nbformat.read(SOURCE, as_version=4).cells:
-        gid = grade_id(cell)
-        if gid == "setup":
-            exec(compile(cell.source, "setup", "exec"), ns)
-        elif is_solution(cell):
-            exec(compile(replace.get(gid, solved_code(cell.source)), gid, "exec"), ns)
-    return ns
+    return solution_namespace(SOURCE, replace)
 
 
 def _passes(task_id: str, ns: dict, hidden: bool) -> bool:

@@ -12,7 +12,7 @@ import random
 import nbformat
 import pytest
 
-from _nb import ROOT, grade_id, is_solution, solved_code
+from _nb import ROOT, grade_id, is_solution, solution_namespace
 from autograder.checks import ex04
 from autograder.checks.common import check
 from autograder.checks.ex04_tools import leak_cases, max_batch_cases, reference_max_batch
@@ -25,17 +25,7 @@ def _notebook():
 
 
 def _namespace(replace: dict[str, str] | None = None) -> dict:
-    """The learner's functions as the notebook defines them (setup cell, then every solution cell, with the
-    cells in `replace` swapped for other code)."""
-    replace = replace or {}
-    ns: dict = {}
-    for cell in _notebook().cells:
-        gid = grade_id(cell)
-        if gid == "setup":
-            exec(compile(cell.source, "setup", "exec"), ns)
-        elif is_solution(cell):
-            exec(compile(replace.get(gid, solved_code(cell.source)), gid, "exec"), ns)
-    return ns
+    return solution_namespace(SOURCE, replace)
 
 
 def _check(task_id, ns, hidden):

@@ -8,11 +8,10 @@ from __future__ import annotations
 import random
 import sys
 
-import nbformat
 import pytest
 
 import memlab
-from _nb import ROOT, grade_id, is_solution, solved_code
+from _nb import ROOT, solution_namespace
 from autograder.checks import ex08
 from autograder.checks.common import decode, encode
 from autograder.checks.ex08_ref import MODELS, check_problem, cost, dominating, make_step, plan_error
@@ -23,15 +22,7 @@ PROBLEM = ex08.VISIBLE_PROBLEM
 
 
 def _namespace(replace: dict[str, str] | None = None) -> dict:
-    replace = replace or {}
-    ns: dict = {}
-    for cell in nbformat.read(SOURCE, as_version=4).cells:
-        gid = grade_id(cell)
-        if gid == "setup":
-            exec(compile(cell.source, "setup", "exec"), ns)
-        elif is_solution(cell):
-            exec(compile(replace.get(gid, solved_code(cell.source)), gid, "exec"), ns)
-    return ns
+    return solution_namespace(SOURCE, replace)
 
 
 def _tiny_cases(hidden, seed=0):
