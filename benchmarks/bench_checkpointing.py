@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 import memlab  # noqa: E402
 from memlab.checkpointing import activation_peak, block_stack, plan_peak  # noqa: E402
-from memlab.estimate import chen_segment_peak  # noqa: E402
+from memlab.core.estimate import chen_segment_peak  # noqa: E402
 
 SCHEMES = ("none", "every layer", "sqrt(N) segments", "planner")
 

@@ -38,7 +38,7 @@ def main(argv=None):
     ap.add_argument("--models", nargs="*", default=SEVEN_B)
     args = ap.parse_args(argv)
     import memlab
-    from memlab.llama import silence_libraries
+    from memlab.quant.llama import silence_libraries
     silence_libraries()
     from accelerate.commands.estimate import estimate_training_usage
 
@@ -55,7 +55,7 @@ def main(argv=None):
         ck = memlab.fit(name, "A100-80GB", precision="mixed", checkpointing="full")
         n = mixed.n_params
         acc = max(estimate_training_usage(4 * n, "bfloat16").values())
-        from memlab.fit import load_config
+        from memlab.fitting.plan import load_config
         cfg = load_config(name)
         largest = max(cfg.vocab_size * cfg.hidden_size, mixed.n_params // cfg.num_hidden_layers)
         z2, z3 = _ds(n, largest)
@@ -69,7 +69,7 @@ def main(argv=None):
           f"({', '.join(f'{k} {v / GiB:.2f} GiB' for k, v in r.model_states.items())})")
 
     print("\nspeed (this machine; noisy when it is shared):")
-    from memlab.fit_run import clear_cache
+    from memlab.fitting.run import clear_cache
     for name in args.models[:1]:
         clear_cache()
         t = time.perf_counter()
@@ -84,9 +84,9 @@ def main(argv=None):
               f"  fit_search: nothing fits ({time.perf_counter() - t:.1f} s)")
 
     print("\nreal CPU tensors (memlab tracker) vs fit (virtual GPU), tiny Llama, seq 256:")
-    from memlab.fit import Plan, _dtype
-    from memlab.fit_model import fit_step, skeleton
-    from memlab.track import MemoryTracker
+    from memlab.fitting.plan import Plan, _dtype
+    from memlab.fitting.model import fit_step, skeleton
+    from memlab.core.track import MemoryTracker
     tiny = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
     for kw in (dict(), dict(method="lora"), dict(method="qlora", checkpointing="full"), dict(precision="amp"),

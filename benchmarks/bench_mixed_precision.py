@@ -22,7 +22,7 @@ import time
 import torch
 
 import memlab
-from memlab.models import GPT, GPTConfig, train_step
+from memlab.core.models import GPT, GPTConfig, train_step
 
 # per-device defaults: small enough for a laptop CPU, big enough to keep a GPU busy
 DEFAULTS = {"cpu": dict(n_layer=2, n_embd=128, batch=8, seq=64, steps=10, warmup=2),

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
 from memlab import clinic  # noqa: E402
-from memlab.models import GPT, GPTConfig  # noqa: E402
+from memlab.core.models import GPT, GPTConfig  # noqa: E402
 
 GiB = 2**30
 SOURCE = ROOT / "solutions" / "04_oom_clinic" / "04_oom_clinic.ipynb"

@@ -42,7 +42,7 @@ import memlab  # noqa: E402
 from memlab import llama as LL  # noqa: E402
 from memlab import qlora as QL  # noqa: E402
 from memlab import quant as Q  # noqa: E402
-from memlab.models import tiny_llama_config  # noqa: E402
+from memlab.core.models import tiny_llama_config  # noqa: E402
 
 fmt = memlab.format_bytes
 

@@ -27,8 +27,8 @@ if str(ROOT) not in sys.path:
 
 from memlab import dist, format_bytes as fmt  # noqa: E402
 from memlab import zero_train as zt  # noqa: E402
-from memlab.estimate import zero_model_state_bytes  # noqa: E402
-from memlab.zero import comm_volume  # noqa: E402
+from memlab.core.estimate import zero_model_state_bytes  # noqa: E402
+from memlab.dist.zero import comm_volume  # noqa: E402
 
 PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "torch.distributed.fsdp")
 STATES = ("parameters", "gradients", "optimizer")

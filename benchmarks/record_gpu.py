@@ -16,7 +16,7 @@ Runs, in this order (the first two must see a fresh process):
   oom            lesson 04: the largest GPT-2 small batch (T=1024, AdamW) by real OOMs, the recovery
                  after each, and the virtual GPU's answer for the same free memory
 
-It writes memlab/recordings/<gpu>.json (GPU name, driver, CUDA, torch, date, the command) and
+It writes memlab/hardware/recordings/<gpu>.json (GPU name, driver, CUDA, torch, date, the command) and
 <gpu>.snapshot.pickle beside it; memlab.recorded loads them. Without CUDA it refuses and writes nothing.
 """
 
@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
-import memlab.estimate as E  # noqa: E402
-from memlab.models import GPT, GPTConfig, train_step  # noqa: E402
-from memlab.recorded import DIR, SCHEMA, file_stem  # noqa: E402
+import memlab.core.estimate as E  # noqa: E402
+from memlab.core.models import GPT, GPTConfig, train_step  # noqa: E402
+from memlab.hardware.recorded import DIR, SCHEMA, file_stem  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 REFUSAL = ("record_gpu.py needs a CUDA GPU and torch.cuda.is_available() is False here (torch {torch}, "

@@ -1,22 +1,31 @@
-"""memlab: the GPU Memory Lab measuring kit.
+"""memlab: the GPU Memory Lab measuring kit, grouped by technique (the folders read like the syllabus):
+
+    core/         device, tracker, virtual GPU, estimators, models, GPU data sheets   (every lesson)
+    hardware/     memory hierarchy, timing, numbers recorded on a real GPU           (lesson 00)
+    checkpointing activation checkpointing                                            (lesson 02)
+    clinic        the OOM clinic's patients                                           (lesson 04)
+    attention     naive, tiled and library attention, the KV cache                    (lesson 05)
+    dist/         ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
+    quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
+    fitting/      will it fit: memlab.fit, memlab.fit_search, memlab-fit              (lesson 08)
+    kit/          what the graded exercises' notebooks call (no grading code)
+    plot, widgets figures and the calculator
 
 Importing memlab allocates nothing and touches no GPU.
 """
-from .device import DeviceInfo, describe, on_colab, pick_device
-from .track import CATEGORIES, MemoryTracker, format_bytes, phase, watch
-from .virtual_gpu import PRESETS, VirtualGPU, VirtualRun
-from .models import MLP, GPT, GPTConfig, train_step
+import importlib as _importlib
+import sys as _sys
+
+from .core.device import DeviceInfo, describe, on_colab, pick_device
+from .core.track import CATEGORIES, MemoryTracker, format_bytes, phase, watch
+from .core.virtual_gpu import PRESETS, VirtualGPU, VirtualRun
+from .core.models import MLP, GPT, GPTConfig, train_step
 from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_backend, flash_attn_status
-from .hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
-from .timing import copy_bandwidth, time_fn
-# submodules by lesson: estimate and plot (all), recorded (numbers recorded on a real GPU),
-# hierarchy and timing (00), attention (05), quant, qlora and llama (07)
-from . import estimate, plot, recorded, hierarchy, timing, attention  # noqa: E402
-from . import llama, qlora, quant  # noqa: E402  (07: torch only at import)
-# will it fit: transformers and peft load inside the functions (memlab.fit names the function below;
-# the module is memlab.fit in sys.modules: `from memlab.fit import load_config` works)
-from .fit import FitResult, fit, fit_presets  # noqa: E402
-from .fit_search import fit_search  # noqa: E402
+from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
+from .hardware.timing import copy_bandwidth, time_fn
+from . import attention, checkpointing, clinic, dist, plot, quant, widgets  # noqa: E402
+# will it fit: transformers and peft load inside the functions; memlab.fit and memlab.fit_search are functions
+from .fitting import FitResult, fit, fit_presets, fit_search  # noqa: E402
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
@@ -24,6 +33,19 @@ __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "M
            "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn",
            "fit", "fit_search", "FitResult", "fit_presets"]
 __version__ = "0.1.0"
+
+# Module paths from before memlab was grouped by technique, kept so that notebooks written against them (a
+# learner's my-work/ copy) still import: `from memlab.models import GPT` is `from memlab.core.models import GPT`.
+LEGACY_MODULES = {
+    "device": "core.device", "track": "core.track", "virtual_gpu": "core.virtual_gpu", "estimate": "core.estimate",
+    "models": "core.models", "gpu_specs": "core.gpus", "hierarchy": "hardware.hierarchy",
+    "timing": "hardware.timing", "recorded": "hardware.recorded", "comm": "dist.comm", "zero": "dist.zero",
+    "zero_scale": "dist.zero_scale", "zero_train": "dist.zero_train", "qlora": "quant.qlora", "llama": "quant.llama",
+    "fit_model": "fitting.model", "fit_run": "fitting.run",
+}
+for _old, _new in LEGACY_MODULES.items():
+    _sys.modules[f"{__name__}.{_old}"] = globals()[_old] = _importlib.import_module(f"{__name__}.{_new}")
+del _old, _new
 
 # The one place the course's GitHub repository is named: Colab badges and the
 # Colab setup cell are built from it (tests/test_notebooks.py checks they agree).

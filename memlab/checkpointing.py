@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .track import MemoryTracker, format_bytes, phase
+from .core.track import MemoryTracker, format_bytes, phase
 
 __all__ = ["ActivationPeak", "activation_peak", "ForwardCounter", "ResidualMLPBlock", "block_stack"]
 

@@ -16,9 +16,8 @@ import torch
 import torch.optim.optimizer as _optimizer_module
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-import memlab  # the patients call memlab.phase / memlab.watch, as the notebook's scripts do
-from .models import GPT, GPTConfig
-from .track import active_trackers
+from .core.models import GPT, GPTConfig
+from .core.track import active_trackers, phase, watch
 
 __all__ = ["MODELS", "SEQ_LEN", "HEADROOM", "CASES", "Case", "build_gpt", "random_tokens", "run_full_size",
            "train_big_batch", "evaluate", "train_accumulated", "train_1b3"]
@@ -66,13 +65,13 @@ def train_big_batch(size="full", data=None):
     Runs out of memory on a T4-16GB."""
     model = build_gpt("gpt2-medium", size)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)     # foreach=True: the CUDA default
-    memlab.watch(model, opt)
+    watch(model, opt)
     x, y = data if data is not None else random_tokens("gpt2-medium", size, 16)   # (16, T) ids and targets
-    with memlab.phase("forward"):
+    with phase("forward"):
         loss = model(x, y)                                                  # mean over 16 x T tokens
-    with memlab.phase("backward"):
+    with phase("backward"):
         loss.backward()
-    with memlab.phase("step"):
+    with phase("step"):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model
@@ -82,12 +81,12 @@ def evaluate(size="full", data=None):
     """The mean loss of each of 3 evaluation batches of 16 sequences (GPT-2 medium).
     Runs out of memory on a T4-16GB."""
     model = build_gpt("gpt2-medium", size)
-    memlab.watch(model)
+    watch(model)
     model.eval()
     x, y = data if data is not None else random_tokens("gpt2-medium", size, 48)   # (48, T)
     losses = []
     for i in range(0, 48, 16):
-        with memlab.phase("forward"):
+        with phase("forward"):
             losses.append(model(x[i:i + 16], y[i:i + 16]))                  # one batch of 16
     return torch.stack(losses)                                              # (3,) mean loss per batch
 
@@ -97,15 +96,15 @@ def train_accumulated(size="full", data=None):
     Runs out of memory on a T4-16GB, although one micro-batch alone fits."""
     model = build_gpt("gpt2-small", size)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
-    memlab.watch(model, opt)
+    watch(model, opt)
     x, y = data if data is not None else random_tokens("gpt2-small", size, 32)    # (32, T)
     total = 0.0
     for i in range(0, 32, 8):
-        with memlab.phase("forward"):
+        with phase("forward"):
             total = total + model(x[i:i + 8], y[i:i + 8]) / 4               # mean over the 32 sequences
-    with memlab.phase("backward"):
+    with phase("backward"):
         total.backward()
-    with memlab.phase("step"):
+    with phase("step"):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model
@@ -116,13 +115,13 @@ def train_1b3(size="full", data=None):
     Forward and backward fit on an L4-24GB; the first optimizer step does not."""
     model = build_gpt("gpt-1.3b", size)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=True)     # foreach=True: the CUDA default
-    memlab.watch(model, opt)
+    watch(model, opt)
     x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)       # (1, T)
-    with memlab.phase("forward"):
+    with phase("forward"):
         loss = model(x, y)
-    with memlab.phase("backward"):
+    with phase("backward"):
         loss.backward()
-    with memlab.phase("step"):
+    with phase("step"):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return model

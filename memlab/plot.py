@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .track import CATEGORIES, MemoryTracker, Sample
+from .core.track import CATEGORIES, MemoryTracker, Sample
 
 __all__ = ["COLORS", "breakdown_bar", "timeline", "tradeoff"]
 

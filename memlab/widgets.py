@@ -11,9 +11,9 @@ left to the lessons that measure them.
 
 from __future__ import annotations
 
-from .estimate import LAYOUTS, model_state_bytes, optimizer_step_temp_bytes
-from .track import format_bytes
-from .virtual_gpu import PRESETS
+from .core.estimate import LAYOUTS, model_state_bytes, optimizer_step_temp_bytes
+from .core.track import format_bytes
+from .core.virtual_gpu import PRESETS
 
 __all__ = ["memory_calculator", "calculator_rows"]
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import memlab
 from memlab import estimate as E
 from memlab.plot import breakdown_bar
-from memlab.virtual_gpu import CUDA_CONTEXT_GB, PRESETS, cuda_autocast, lookup_preset
+from memlab.core.virtual_gpu import CUDA_CONTEXT_GB, PRESETS, cuda_autocast, lookup_preset
 from memlab.widgets import calculator_rows
 
 GiB, MiB = 2**30, 2**20

@@ -128,8 +128,8 @@ def test_tracker_is_refused_and_restored():
 
 
 def test_calls_into_memlab_hierarchy_are_detected(monkeypatch, tmp_path):
-    fake = tmp_path / "memlab" / "hierarchy.py"
-    fake.parent.mkdir()
+    fake = tmp_path / "memlab" / "hardware" / "hierarchy.py"
+    fake.parent.mkdir(parents=True)
     fake.write_text("def roofline(*a):\n    return {}\n")
     ns: dict = {}
     exec(compile(fake.read_text(), str(fake), "exec"), ns)

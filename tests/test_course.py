@@ -214,7 +214,7 @@ def test_recorded_checks_its_inputs(tmp_path):
     with pytest.raises(ValueError, match="gpu"):
         recorded.load(gpu="")
     with pytest.raises(TypeError, match="directory"):
-        recorded.load(directory="memlab/recordings")
+        recorded.load(directory="memlab/hardware/recordings")
     with pytest.raises(ValueError, match="gpu_name"):
         recorded.file_stem("  ")
     (tmp_path / "broken.json").write_text("{not json")

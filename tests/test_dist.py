@@ -15,11 +15,11 @@ import torch
 import _dist_fns as fns
 from memlab import dist
 from memlab.dist import CommCounter, RankError, RankGroup, ring_bytes_sent
-from memlab.estimate import zero_model_state_bytes
-from memlab.models import GPTConfig
-from memlab.track import MemoryTracker
-from memlab.zero import HostLinkCounter, comm_volume, deepspeed_buffers, follow_storage_resizes
-from memlab.zero_scale import zero_rank_step
+from memlab.core.estimate import zero_model_state_bytes
+from memlab.core.models import GPTConfig
+from memlab.core.track import MemoryTracker
+from memlab.dist.zero import HostLinkCounter, comm_volume, deepspeed_buffers, follow_storage_resizes
+from memlab.dist.zero_scale import zero_rank_step
 
 ROOT = Path(__file__).resolve().parent.parent
 DS_PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "torch.distributed.fsdp")
@@ -241,7 +241,7 @@ def test_zero_rank_step_bad_input():
 
 
 def test_ds_config_checks_its_input():
-    from memlab.zero_train import ds_config
+    from memlab.dist.zero_train import ds_config
     cfg = ds_config(3, offload=False)
     assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
     assert ds_config(2, offload=True)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -306,7 +306,7 @@ def test_a_deferred_group_starts_at_its_first_run():
 @pytest.mark.parametrize("stage", [1, 3])
 def test_per_gpu_peaks_extrapolation_matches_a_direct_run(stage):
     from memlab import VirtualGPU
-    from memlab.zero_scale import per_gpu_peaks
+    from memlab.dist.zero_scale import per_gpu_peaks
     cfg = GPTConfig.tiny(tie_weights=False, n_layer=5, n_embd=64, n_head=2, block_size=64)
     est = per_gpu_peaks(cfg, 2, 64, n_gpus=(1, 3), stages=(stage,), bucket=4096)
     for n in (1, 3):
@@ -318,7 +318,7 @@ def test_per_gpu_peaks_extrapolation_matches_a_direct_run(stage):
 
 
 def test_label_and_resize_following_restore_and_check():
-    from memlab.zero import label
+    from memlab.dist.zero import label
     with pytest.raises(TypeError, match="tensors"):
         with MemoryTracker(device="cpu"):
             label([3], "gradients")

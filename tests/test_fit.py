@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import memlab
-from memlab.fit import Plan, _dtype, fit_presets, load_config
-from memlab.fit_model import AdamW8bitStandIn, fit_step, skeleton
-from memlab.fit_run import _run_key, measure
-from memlab.track import MemoryTracker
-from memlab.virtual_gpu import VirtualGPU
+from memlab.fitting.plan import Plan, fit_presets, load_config
+from memlab.fitting.model import AdamW8bitStandIn, fit_step, precision_dtype, skeleton
+from memlab.fitting.run import _run_key, measure
+from memlab.core.track import MemoryTracker
+from memlab.core.virtual_gpu import VirtualGPU
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
@@ -24,7 +24,7 @@ MID = dict(TINY, vocab_size=512, hidden_size=128, intermediate_size=344, num_hid
 def _real(cfg_dict, plan):
     """The same step on real CPU tensors under memlab's tracker (512-byte rounding, as the virtual GPU)."""
     cfg = load_config(cfg_dict)
-    sk, info = skeleton(cfg, plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+    sk, info = skeleton(cfg, plan.method, precision_dtype(plan.precision), plan.lora_r, plan.attention)
     trk = MemoryTracker(device="cpu", round_to=512)
     with trk:
         fit_step(sk, info, plan)
@@ -73,7 +73,7 @@ BOUNDED = [Plan(seq=64, method="lora", precision="amp")]
 def test_two_and_three_layers_extend_to_the_full_depth_run(plan):
     cfg = load_config(MID)
     ext = measure(cfg, plan)["phases"]
-    sk, info = skeleton(cfg, plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+    sk, info = skeleton(cfg, plan.method, precision_dtype(plan.precision), plan.lora_r, plan.attention)
     full = VirtualGPU(capacity_gb=64).run(fit_step, sk, info, _run_key(plan)).phase_peaks
     for ph in ("load", "forward", "backward", "step"):
         if ph not in full:
@@ -152,7 +152,7 @@ def test_presets_load():
     names = fit_presets()
     assert {"llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b", "gpt2-xl"} <= set(names)
     assert load_config("llama-3.1-8b").num_key_value_heads == 8
-    assert load_config(os.path.join(ROOT, "memlab", "configs", "gpt2.json")).n_embd == 768
+    assert load_config(os.path.join(ROOT, "memlab", "fitting", "configs", "gpt2.json")).n_embd == 768
 
 
 @pytest.mark.parametrize("kw, word", [(dict(method="dora"), "method"), (dict(precision="fp8"), "precision"),
@@ -189,7 +189,7 @@ def test_search_finds_cheapest_plans_first():
 
 
 def _cli(*args):
-    code = "import sys; from memlab.fit_search import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from memlab.fitting.search import main; sys.exit(main(sys.argv[1:]))"
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
 

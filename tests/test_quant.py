@@ -13,7 +13,7 @@ import memlab
 from memlab import llama as LL
 from memlab import qlora as QL
 from memlab import quant as Q
-from memlab.models import tiny_llama_config
+from memlab.core.models import tiny_llama_config
 
 bnb = pytest.importorskip("bitsandbytes")
 bnbF = pytest.importorskip("bitsandbytes.functional")

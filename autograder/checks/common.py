@@ -145,7 +145,7 @@ def forbid_memlab_tracker(task: str):
 
 def memlab_files(*names: str) -> tuple[str, ...]:
     """Path endings of memlab modules, for `no_calls_into`."""
-    return tuple(os.sep + os.path.join("memlab", n) for n in names)
+    return tuple(os.sep + os.path.join("memlab", *n.split("/")) for n in names)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ References, all computed here by the grader:
 - task 0.4: memlab's `MemoryTracker` run by the judge on the same op sequence, cross-checked by
   counting the result's storages.
 Tasks 0.3 and 0.4, and the guard, live in ex00_memory.py. Off limits during the learner's calls: anything in
-memlab/hierarchy.py (detected), and `memlab.MemoryTracker` in task 0.4 (it raises).
+memlab/hardware/hierarchy.py (detected), and `memlab.MemoryTracker` in task 0.4 (it raises).
 """
 
 from __future__ import annotations

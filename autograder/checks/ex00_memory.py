@@ -17,13 +17,13 @@ from .common import expect_int, expect_type, memlab_files, no_calls_into
 
 _perf_counter, _perf_counter_ns, _sleep = time.perf_counter, time.perf_counter_ns, time.sleep  # bound at import
 
-# the lesson's own formulas and benchmarks: memlab/hierarchy.py and memlab/timing.py
-HIERARCHY = memlab_files("hierarchy.py", "timing.py")
+# the lesson's own formulas and benchmarks: memlab/hardware/hierarchy.py and memlab/hardware/timing.py
+HIERARCHY = memlab_files("hardware/hierarchy.py", "hardware/timing.py")
 
 
 @contextlib.contextmanager
 def _off_limits(task: str, tracker: bool = False):
-    """During the learner's call: no calls into memlab/hierarchy.py or memlab/timing.py (the lesson's own
+    """During the learner's call: no calls into memlab/hardware/hierarchy.py or memlab/hardware/timing.py (the lesson's own
     formulas and benchmarks), and with tracker=True memlab.MemoryTracker raises."""
     original = memlab.MemoryTracker.__enter__
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import memlab
-from memlab.estimate import mlp_activation_bytes
+from memlab.core.estimate import mlp_activation_bytes
 
 from .common import Task, forbid_memlab_tracker, mb, tasks
 from .ex01_tracking import (_live_cases, _live_judge, _live_run, _phase_cases, _phase_judge, _phase_run,  # noqa: F401

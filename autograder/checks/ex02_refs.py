@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from memlab.models import GPT, Block
+from memlab.core.models import GPT, Block
 from memlab.checkpointing import plan_peak  # the cost model, shared with benchmarks/bench_checkpointing.py
 
 RTOL = 1e-5                       # checkpointing repeats the same arithmetic

@@ -8,7 +8,7 @@ import time
 import torch
 
 from memlab.checkpointing import activation_peak
-from memlab.models import GPT, GPTConfig
+from memlab.core.models import GPT, GPTConfig
 
 from .common import Task, mb
 from .ex02_refs import (RTOL, RefCheckpointedGPT, all_plans, brute_force_plan, count_gpt_blocks, fingerprint,

@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from memlab.comm import CommCounter
+from memlab.dist.comm import CommCounter
 
 from .common import Task, allclose, expect_int, expect_type, tasks
 from .ex06_ranks import RanksFailed, run_ranks

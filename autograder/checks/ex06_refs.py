@@ -154,8 +154,8 @@ OFF_LIMITS = ("torch.distributed.optim.ZeroRedundancyOptimizer, DeepSpeed, memla
 def _forbidden(filename: str, name: str) -> bool:
     f = filename.replace(os.sep, "/")
     return (f.endswith("/zero_redundancy_optimizer.py") or "/deepspeed/" in f
-            or f.endswith(("/memlab/zero.py", "/memlab/zero_train.py", "/memlab/zero_scale.py"))
-            or (f.endswith("/memlab/estimate.py") and name == "zero_model_state_bytes"))
+            or f.endswith(("/memlab/dist/zero.py", "/memlab/dist/zero_train.py", "/memlab/dist/zero_scale.py"))
+            or (f.endswith("/memlab/core/estimate.py") and name == "zero_model_state_bytes"))
 
 
 @contextlib.contextmanager

@@ -60,7 +60,7 @@ def _no_bitsandbytes(task):
         setattr(bf, n, refuse(n))
     mode = _LibraryOps()
     try:
-        with mode, no_calls_into(task, memlab_files("quant.py", "qlora.py", "llama.py"),
+        with mode, no_calls_into(task, memlab_files("quant/nf4.py", "quant/qlora.py", "quant/llama.py"),
                                  "memlab's quantization and QLoRA helpers"):
             yield mode
     finally:

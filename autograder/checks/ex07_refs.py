@@ -238,7 +238,7 @@ def _measure_states(cfg, r):
 # ----------------------------------------------------------------------------- task 7.4: activations
 def qlora_model(cfg, r, seq, checkpointing):
     """finetune_llama(method="qlora") with everything but the 4-bit projections in bf16."""
-    from memlab.llama import finetune_llama
+    from memlab.quant.llama import finetune_llama
     from memlab.quant import Linear4bitStandIn
     model = finetune_llama(llama_config(cfg, seq), "qlora", r=r, checkpointing=checkpointing,
                            dtype=torch.bfloat16)

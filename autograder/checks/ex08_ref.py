@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 import memlab
 from memlab.clinic import run_full_size
-from memlab.models import GPT, GPTConfig
+from memlab.core.models import GPT, GPTConfig
 
 LR, BETAS, WD = 1e-3, (0.9, 0.95), 0.1
 OPTIMIZERS = ("foreach", "fused")

@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .track import _LIFT_FRESH, _T, MemoryTracker, _storages, active_trackers
+from ..core.track import _LIFT_FRESH, _T, MemoryTracker, _storages, active_trackers
 
 __all__ = ["comm_volume", "deepspeed_buffers", "label_deepspeed", "follow_storage_resizes", "HostLinkCounter",
            "local_tensor", "label", "ShardAwareTracker"]
@@ -62,7 +62,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def label(tensors, category: str):
     """Give `tensors` a category in every active tracker; a DTensor by its local shard."""
-    from .track import watch
+    from ..core.track import watch
     watch(tensors=[local_tensor(t) for t in tensors], category=category)
 
 
@@ -162,7 +162,7 @@ def label_deepspeed(engine, hooks: bool = False) -> dict[str, dict]:
     the wrapped torch optimizer's state, and DeepSpeed's flat buffers by `deepspeed_buffers`'
     roles. hooks=True (once per engine) also registers the module and optimizer with the
     trackers, so gradients are labelled the moment they appear. Returns {name: {"bytes", "role"}}."""
-    from .track import watch
+    from ..core.track import watch
     inner = getattr(engine.optimizer, "optimizer", None)
     inner = inner if isinstance(inner, torch.optim.Optimizer) else None
     if hooks:

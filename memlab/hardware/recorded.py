@@ -4,7 +4,7 @@
 01-04 (allocator rounding and segments, allocated vs reserved, fragmentation,
 `empty_cache`, the CUDA context, cuBLAS's workspace, tensor-core matmul speed,
 a real OOM and its recovery, a memory snapshot) and writes them to
-`memlab/recordings/<gpu>.json`, labelled with the GPU, driver, CUDA and torch
+`memlab/hardware/recordings/<gpu>.json`, labelled with the GPU, driver, CUDA and torch
 versions, the date and the command. This module reads them back:
 
     rec = memlab.recorded.load()            # the newest recording, or None when there is none yet
@@ -22,13 +22,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .track import format_bytes
+from ..core.track import format_bytes
 
 __all__ = ["DIR", "SCHEMA", "NO_RECORDING", "Recording", "available", "load", "show", "file_stem"]
 
 DIR = Path(__file__).resolve().parent / "recordings"
 SCHEMA = 1
-NO_RECORDING = ("No GPU recording yet (memlab/recordings/ holds none): `python benchmarks/record_gpu.py` on a CUDA "
+NO_RECORDING = ("No GPU recording yet (memlab/hardware/recordings/ holds none): `python benchmarks/record_gpu.py` on a CUDA "
                 "machine records these experiments there.")
 _META = ("gpu", "total_memory_bytes", "compute_capability", "driver", "cuda", "torch", "date", "command")
 
@@ -117,7 +117,7 @@ def _format(exp: dict, indent: str = "  ") -> str:
 
 
 def available(directory: Path | None = None) -> list[Path]:
-    """The recording files in `directory` (default: memlab/recordings/), sorted by name."""
+    """The recording files in `directory` (default: memlab/hardware/recordings/), sorted by name."""
     d = DIR if directory is None else directory
     if not isinstance(d, Path):
         raise TypeError(f"directory must be a pathlib.Path or None, got {type(d).__name__}")

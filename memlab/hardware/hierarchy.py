@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gpu_specs import GPU_SPECS, GPUDataSheet, gpu_spec, match_gpu_spec, pcie_bandwidth
+from ..core.gpus import GPU_SPECS, GPUDataSheet, gpu_spec, match_gpu_spec, pcie_bandwidth
 from .timing import (Timing, copy_bandwidth, cpu_cache_sizes, matmul_throughput, read_bandwidth, synchronize,
                      time_fn, transfer_bandwidth)
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 
 from .qlora import PROJECTIONS, _dims, _targets
-from .quant import Linear4bitStandIn
-from .track import phase
+from .nf4 import Linear4bitStandIn
+from ..core.track import phase
 
 __all__ = ["silence_libraries", "quant_tensors", "stored_bytes", "tiny_llama", "finetune_llama", "causal_lm_step"]
 
@@ -122,7 +122,7 @@ def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, 
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     silence_libraries()
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
-    from .models import tiny_llama_config
+    from ..core.models import tiny_llama_config
     config_kw.setdefault("use_cache", False)
     cfg = tiny_llama_config(**config_kw)
     torch.manual_seed(seed)

@@ -29,7 +29,7 @@ def _die_with_parent():
 
 
 def _call_tracked(fn, args, kwargs, device):
-    from .track import MemoryTracker
+    from ..core.track import MemoryTracker
     tracker = MemoryTracker(device=device, timeline=False)
     comm = CommCounter()
     t0 = time.perf_counter()

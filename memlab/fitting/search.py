@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .fit import CHOICES, FitResult, fit, fit_presets, load_config
-from .track import format_bytes
+from .plan import CHOICES, FitResult, fit, fit_presets, load_config
+from ..core.track import format_bytes
 
 __all__ = ["fit_search", "extra_seconds", "main"]
 
@@ -19,7 +19,7 @@ _METHOD_RANK = {"full": 0, "lora": 1, "qlora": 2}
 
 def _sheet(gpu_name: str):
     """The data sheet of a preset (memlab.gpu_specs.GPU_SPECS); L4-24GB's for any other GPU."""
-    from .gpu_specs import GPU_SPECS
+    from ..core.gpus import GPU_SPECS
     return next((v for k, v in GPU_SPECS.items() if gpu_name.startswith(k)), GPU_SPECS["L4-24GB"])
 
 
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
     args = ap.parse_args(argv)
     if args.list:
-        from .virtual_gpu import PRESETS
+        from ..core.virtual_gpu import PRESETS
         print("models:", ", ".join(fit_presets()))
         print("GPUs:  ", ", ".join(PRESETS), "(or a capacity in GiB)")
         return 0

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .quant import BLOCKSIZE, nf4_bytes
-from .track import format_bytes
+from .nf4 import BLOCKSIZE, nf4_bytes
+from ..core.track import format_bytes
 
 __all__ = ["PROJECTIONS", "ATTENTION", "llama_7b_config", "projection_shapes", "llama_param_count",
            "lora_param_count", "QLoRAEstimate", "qlora_bytes"]
@@ -167,7 +167,7 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
                  GPU (PyTorch's CPU dropout keeps a float mask).
     Assumes no padding (the causal mask is sdpa's is_causal) and at least one of q/k/v adapted.
     """
-    from .estimate import optimizer_step_temp_bytes
+    from ..core.estimate import optimizer_step_temp_bytes
     V, C, F, L, H, kv, tied = _dims(cfg)
     tg = _targets(targets)
     if not any(t in tg for t in ("q_proj", "k_proj", "v_proj")):

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from .models import GPT, GPTConfig
-from .track import phase, watch
+from ..core.models import GPT, GPTConfig
+from ..core.track import phase, watch
 
 __all__ = ["zero_rank_step", "per_gpu_peaks", "DEEPSPEED_REDUCE_BUCKET"]
 
@@ -158,7 +158,7 @@ def per_gpu_peaks(cfg: GPTConfig, batch: int, seq: int, n_gpus=(1, 2, 4, 8, 16, 
     phase. Returns {"n_params": ..., stage: {N: {"peak": bytes, "phase": name, "phases": {...}}}}.
     """
     from dataclasses import replace
-    from .virtual_gpu import VirtualGPU
+    from ..core.virtual_gpu import VirtualGPU
     _check(cfg, 0, 1, batch, seq, bucket)
     if not n_gpus or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in n_gpus):
         raise ValueError(f"n_gpus must be positive ints, got {n_gpus!r}")

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn as nn
 
-from .track import CATEGORIES, active_trackers, format_bytes, phase, watch
+from ..core.track import CATEGORIES, active_trackers, format_bytes, phase, watch
 
 __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
 
@@ -45,7 +45,7 @@ _ALIASES = {"gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "llama2-7b": 
 
 # ----------------------------------------------------------------------------- configs
 def fit_presets() -> list[str]:
-    """Names of the shipped model configs (memlab/configs/*.json, Hugging Face config.json contents)."""
+    """Names of the shipped model configs (memlab/fitting/configs/*.json, Hugging Face config.json contents)."""
     return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
 
 
@@ -53,7 +53,7 @@ def load_config(model):
     """A transformers PretrainedConfig from a preset name (`fit_presets()`), a path to a config.json (or to
     the folder holding one), a dict of config.json contents, or a PretrainedConfig (copied)."""
     from transformers import AutoConfig, PretrainedConfig
-    from .llama import silence_libraries
+    from ..quant.llama import silence_libraries
     silence_libraries()
     if isinstance(model, PretrainedConfig):
         return copy.deepcopy(model)
@@ -77,16 +77,6 @@ def load_config(model):
         raise ValueError("model: the config has no 'model_type' (a Hugging Face config.json names it)")
     d = {k: v for k, v in d.items() if k not in ("transformers_version", "_name_or_path")}
     return AutoConfig.for_model(d.pop("model_type"), **d)
-
-
-def _cut(cfg, layers: int):
-    """A copy of cfg with `layers` decoder layers (per-layer lists cut to match)."""
-    c = copy.deepcopy(cfg)
-    c.num_hidden_layers = layers
-    if isinstance(getattr(c, "layer_types", None), list):
-        c.layer_types = c.layer_types[:layers]
-    c.use_cache = False
-    return c
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -138,10 +128,6 @@ class Plan:
     @property
     def steps_per_batch(self) -> int:
         return self.batch // self.micro
-
-
-def _dtype(precision: str) -> torch.dtype:
-    return torch.float32 if precision in ("fp32", "amp") else torch.bfloat16
 
 
 # ----------------------------------------------------------------------------- the result
@@ -204,7 +190,7 @@ class FitResult:
 # ----------------------------------------------------------------------------- fit
 def _gpu(gpu):
     """(name, capacity bytes) from a preset name, a number of GiB, or a VirtualGPU."""
-    from .virtual_gpu import VirtualGPU, lookup_preset
+    from ..core.virtual_gpu import VirtualGPU, lookup_preset
     if isinstance(gpu, VirtualGPU):
         return gpu.name, gpu.capacity
     if isinstance(gpu, str):
@@ -252,7 +238,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     if limit and seq > limit:
         raise ValueError(f"seq ({seq}) exceeds the model's max_position_embeddings ({limit})")
-    from .fit_run import measure, plan_cost, shard_phases
+    from .run import measure, plan_cost, shard_phases
     m = measure(cfg, plan)
     info = m["info"]
     phases = shard_phases(m["phases"], info, plan)

@@ -5,9 +5,9 @@ The same functions run three ways, unchanged:
   * from a notebook or a test, on CPU ranks (gloo):
         memlab.dist.RankGroup(4).run(memlab.zero_train.deepspeed_run, 2)
   * on a multi-GPU machine (nccl, one GPU per rank):
-        torchrun --nproc_per_node 4 memlab/zero_train.py --framework deepspeed --stage 3
+        torchrun --nproc_per_node 4 memlab/dist/zero_train.py --framework deepspeed --stage 3
   * or with DeepSpeed's launcher:
-        deepspeed --num_gpus 4 memlab/zero_train.py --framework deepspeed --stage 3
+        deepspeed --num_gpus 4 memlab/dist/zero_train.py --framework deepspeed --stage 3
 Run as a script, every rank prints one line of JSON with what it measured. Without GPUs both
 launchers run it on CPU ranks with gloo (for `deepspeed`, set DS_ACCELERATOR=cpu).
 
@@ -33,11 +33,11 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from memlab.dist import CommCounter
-from memlab.models import GPT, GPTConfig
-from memlab.track import CATEGORIES, phase, watch
-from memlab.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
-from memlab.zero import label as label_as
+from memlab.dist.comm import CommCounter
+from memlab.core.models import GPT, GPTConfig
+from memlab.core.track import CATEGORIES, phase, watch
+from memlab.dist.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
+from memlab.dist.zero import label as label_as
 
 __all__ = ["model_config", "ds_config", "quiet_deepspeed", "ddp_run", "deepspeed_run", "fsdp2_run",
            "hf_trainer_run", "main"]
@@ -285,7 +285,7 @@ def hf_trainer_run(stage: int = 2, steps: int = 2) -> dict:
     quiet_deepspeed()
     import transformers
     from transformers import LlamaForCausalLM, Trainer, TrainingArguments
-    from memlab.models import tiny_llama_config
+    from memlab.core.models import tiny_llama_config
     transformers.logging.set_verbosity_error()
     config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
               "train_batch_size": "auto", "bf16": {"enabled": "auto"},
@@ -310,7 +310,7 @@ def hf_trainer_run(stage: int = 2, steps: int = 2) -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=Tokens())
     result = trainer.train()
     engine = trainer.model_wrapped
-    from memlab.zero import deepspeed_buffers
+    from memlab.dist.zero import deepspeed_buffers
     bufs = deepspeed_buffers(engine.optimizer, next(engine.module.parameters()).device.type)
     return {"loss": result.training_loss, "stage": engine.zero_optimization_stage(),
             "n_params": n_params,

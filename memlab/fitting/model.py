@@ -15,12 +15,30 @@ import functools
 import torch
 import torch.nn as nn
 
-from .llama import _causal_sdpa, _swap_meta, silence_libraries
-from .quant import Linear4bitStandIn
-from .track import active_trackers, phase, watch
-from .virtual_gpu import cuda_autocast
+from ..quant.llama import _causal_sdpa, _swap_meta, silence_libraries
+from ..quant.nf4 import Linear4bitStandIn
+from ..core.track import active_trackers, phase, watch
+from ..core.virtual_gpu import cuda_autocast
 
-__all__ = ["AdamW8bitStandIn", "build_model", "fit_step", "selective_policy"]
+__all__ = ["AdamW8bitStandIn", "build_model", "cut_layers", "fit_step", "precision_dtype", "selective_policy"]
+
+
+# ----------------------------------------------------------------------------- the model's size and dtype
+def cut_layers(cfg, layers: int):
+    """A copy of cfg with `layers` decoder layers (per-layer lists cut to match)."""
+    c = copy.deepcopy(cfg)
+    c.num_hidden_layers = layers
+    if isinstance(getattr(c, "layer_types", None), list):
+        c.layer_types = c.layer_types[:layers]
+    c.use_cache = False
+    return c
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a plan's weights and activations are built in: fp32 for "fp32" and "amp" (autocast keeps
+    fp32 weights), bf16 for the 16-bit plans."""
+    return torch.float32 if precision in ("fp32", "amp") else torch.bfloat16
+
 
 
 # ----------------------------------------------------------------------------- 8-bit AdamW, bytes only

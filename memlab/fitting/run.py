@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .track import CATEGORIES
+from ..core.track import CATEGORIES
 
 __all__ = ["measure", "shard_phases", "plan_cost", "clear_cache"]
 
@@ -38,9 +38,8 @@ def measure(cfg, plan) -> dict:
     """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
     to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...}}
     (cached per config and run options)."""
-    from .fit import _cut, _dtype
-    from .fit_model import fit_step, skeleton
-    from .virtual_gpu import VirtualGPU
+    from .model import cut_layers, fit_step, precision_dtype, skeleton
+    from ..core.virtual_gpu import VirtualGPU
     key = (cfg.to_json_string(use_diff=False), _run_key(plan))
     if key in _CACHE:
         return _CACHE[key]
@@ -50,7 +49,7 @@ def measure(cfg, plan) -> dict:
     runs = []
     ks = (BASE, BASE + 1) if L > BASE else (L,)
     for k in ks:
-        sk, info = skeleton(_cut(cfg, k), rp.method, _dtype(rp.precision), rp.lora_r, rp.attention)
+        sk, info = skeleton(cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r, rp.attention)
         r = gpu.run(fit_step, sk, info, rp)
         runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value))
     if len(runs) == 1:
@@ -81,7 +80,7 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
       offload      optimizer state and the step's scratch -> 0 (ZeRO-Offload: on the CPU); the GPU keeps
                    the 16-bit weights and gradients
     The activations are untouched, and the moment of each phase's peak is taken to be unchanged."""
-    from .zero_scale import DEEPSPEED_REDUCE_BUCKET
+    from ..dist.zero_scale import DEEPSPEED_REDUCE_BUCKET
     N, s = plan.gpus, plan.zero
     if plan.mode != "train" or (s == 0 and not plan.offload):
         return {ph: dict(d) for ph, d in phases.items()}
