@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gradebook
+from .checks import CHECKS
 from .sandbox import Limits, Sandbox
 from .trusted import Exercise, Graded, NotGradable, grade_notebook, read_notebook, stage_course_code
 
@@ -101,8 +102,10 @@ def exercise(name: str, release: Path = RELEASE) -> Exercise:
     names = assignments(release)
     if name not in names:
         raise SystemExit(f"unknown assignment {name!r}; choose one of {names}")
+    if name not in CHECKS:
+        raise SystemExit(f"assignment {name!r} has no checks: add it to CHECKS in autograder/checks/__init__.py")
     nbs = sorted((release / name).glob("*.ipynb"))
-    return Exercise(name, nbs[0], f"autograder.checks.ex{name.split('_')[0]}")
+    return Exercise(name, nbs[0], CHECKS[name])
 
 
 def generate(course: Course, assignment: str) -> None:

@@ -281,29 +281,36 @@ class GPT(nn.Module):
         """Distinct parameters (a tied embedding counts once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def features(self, idx: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, C): the final norm's output, which the head turns into logits."""
+    def embed(self, idx: torch.Tensor):
+        """(B, T) token ids -> ((B, T, C) the first block's input, rope): token (+ learned position) embeddings,
+        and for RoPE the (cos, sin) tables sliced to T, each (T, head_dim); None for learned positions."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
         x = self.wte(idx)                                                      # (B, T, C)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
-        x = self.drop(x)
         rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.cfg.pos == "rope" else None
+        return self.drop(x), rope
+
+    def run_blocks(self, x: torch.Tensor, rope) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C) through every block. The one method a checkpointed GPT overrides (lesson and
+        exercise 02): each block keeps its activations here; a checkpointed block keeps only its input."""
         for block in self.blocks:
             x = block(x, rope)
-        return self.ln_f(x)
+        return x
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1):
-        """`loss_chunks` > 1 computes the loss over that many chunks of positions, each under a checkpoint:
-        only one chunk's (B, T/k, V) logits and log-softmax exist at a time, in forward and in backward
-        (they are recomputed), instead of the whole (B, T, V) - the same loss and gradients."""
+    def features(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) token ids -> (B, T, C): the final norm's output, which the head turns into logits."""
+        return self.ln_f(self.run_blocks(*self.embed(idx)))
+
+    def loss(self, h: torch.Tensor, targets: torch.Tensor, loss_chunks: int = 1) -> torch.Tensor:
+        """Mean cross-entropy of the head on features h (B, T, C) against targets (B, T). `loss_chunks` > 1
+        computes it over that many chunks of positions, each under a checkpoint: only one chunk's (B, T/k, V)
+        logits and log-softmax exist at a time, in forward and in backward (they are recomputed), instead of
+        the whole (B, T, V) - the same loss and gradients."""
         if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
             raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
-        h = self.features(idx)                                                 # (B, T, C)
-        if targets is None:
-            return self.head(h)                                                # (B, T, V)
         if loss_chunks == 1:
             logits = self.head(h)                                              # (B, T, V)
             return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
@@ -312,6 +319,15 @@ class GPT(nn.Module):
         for h_c, t_c in zip(h.chunk(loss_chunks, dim=1), targets.chunk(loss_chunks, dim=1)):
             total = total + checkpoint(self._chunk_loss_sum, h_c, t_c, use_reentrant=False)
         return total / targets.numel()                                        # the mean over all B*T tokens
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1):
+        """(B, T) ids -> logits (B, T, V), or with targets the mean loss (see `loss` for `loss_chunks`)."""
+        if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
+            raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
+        h = self.features(idx)                                                 # (B, T, C)
+        if targets is None:
+            return self.head(h)                                                # (B, T, V)
+        return self.loss(h, targets, loss_chunks)
 
     def _chunk_loss_sum(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.head(h)                                                  # (B, T/k, V)
