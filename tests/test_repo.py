@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 try:
@@ -78,3 +79,18 @@ def test_ci_runs_the_readme_test_command():
     m = re.search(r"<!-- test-command -->\s*```(?:bash|sh)?\s*\n(.+?)\n```", readme)
     assert m, "README.md must show the test command in a code block right after <!-- test-command -->"
     assert m.group(1).strip() in ci, f".ci/run must call the README's test command: {m.group(1).strip()!r}"
+
+
+def test_benchmark_sections_are_rewritten_between_their_markers(tmp_path):
+    from benchmarks.readme import write_section
+    page = tmp_path / "README.md"
+    page.write_text("# B\n<!-- bench:ci -->\nold line\n<!-- /bench:ci -->\nafter\n")
+    write_section("ci", "new line", readme=page)
+    assert page.read_text() == "# B\n<!-- bench:ci -->\nnew line\n<!-- /bench:ci -->\nafter\n"
+    with pytest.raises(ValueError, match="exactly one"):
+        write_section("notebooks", "x", readme=page)
+    with pytest.raises(ValueError, match="name"):
+        write_section("Bad Name", "x", readme=page)
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for name in ("ci", "notebooks"):      # the sections the scripts write exist once each
+        assert readme.count(f"<!-- bench:{name} -->") == 1 and readme.count(f"<!-- /bench:{name} -->") == 1
