@@ -28,28 +28,23 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .core.dtypes import dtype_bytes
+from .core.estimate import llama_param_groups
+from .core.validate import flag, one_of, pos_float, pos_int
+
 __all__ = ["naive_attention", "tiled_attention", "attention_bytes", "kv_cache_bytes", "LLAMA_SHAPES",
            "llama_param_count", "SDPAChoice", "sdpa_backend", "sdpa_backends", "flash_attn_status",
            "attention_with_fallback", "dtype_bytes"]
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+# the activations' dtypes these formulas price (an fp8 attention is not modelled)
+_ACT_DTYPES = ("fp32", "float32", "fp16", "float16", "bf16", "bfloat16")
 
 
-def dtype_bytes(dtype) -> int:
-    """Bytes per element of a floating dtype given as torch.dtype or 'fp32'/'fp16'/'bf16'."""
+def _act_bytes(dtype) -> int:
+    """Bytes per element of an activation dtype: a floating torch.dtype or one of _ACT_DTYPES."""
     if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or a torch floating dtype, got {dtype!r}")
-        dtype = _DTYPES[dtype]
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a torch floating dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
-    return torch.empty((), dtype=dtype, device="meta").element_size()
-
-
-def _pos_int(name, v, zero_ok=False):
-    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero_ok else 1):
-        raise ValueError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} int, got {v!r}")
+        one_of("dtype", dtype, _ACT_DTYPES, what=f"one of {sorted(_ACT_DTYPES)} or a torch floating dtype")
+    return dtype_bytes(dtype)
 
 
 def _check_qkv(q, k, v):
@@ -92,12 +87,11 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     backward pass. See `attention_bytes`.
     """
     _check_qkv(q, k, v)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    flag("is_causal", is_causal)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number or None, got {scale!r}")
+    else:
+        pos_float("scale", scale, what="a positive number or None")
     s = torch.einsum("...id,...jd->...ij", q, k) * scale               # (..., T_q, T_k) scores
     if is_causal:
         t_q, t_k = q.shape[-2], k.shape[-2]
@@ -123,8 +117,8 @@ def tiled_attention(q, k, v, block_q=64, block_k=64):
     tests/test_attention.py runs both on the same inputs).
     """
     _check_qkv(q, k, v)
-    _pos_int("block_q", block_q)
-    _pos_int("block_k", block_k)
+    pos_int("block_q", block_q)
+    pos_int("block_k", block_k)
     scale = q.shape[-1] ** -0.5
     T_q, T_k = q.shape[-2], k.shape[-2]
     out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)   # (..., T_q, d_v)
@@ -173,13 +167,12 @@ def attention_bytes(batch: int, heads: int, seq: int, head_dim: int, *, seq_k: i
     one logsumexp per row. Exact storage bytes, as memlab's tracker counts them.
     """
     for name, val in (("batch", batch), ("heads", heads), ("seq", seq), ("head_dim", head_dim)):
-        _pos_int(name, val)
+        pos_int(name, val)
     if seq_k is not None:
-        _pos_int("seq_k", seq_k)
-    if not isinstance(dropout, bool):
-        raise TypeError(f"dropout must be a bool, got {type(dropout).__name__}")
-    _pos_int("mask_bytes", mask_bytes)
-    e = dtype_bytes(dtype)
+        pos_int("seq_k", seq_k)
+    flag("dropout", dropout)
+    pos_int("mask_bytes", mask_bytes)
+    e = _act_bytes(dtype)
     t_k = seq if seq_k is None else seq_k
     n = batch * heads * seq * t_k                     # elements of one (B, H, T_q, T_k) matrix
     d = {"scores": n * e, "probs": n * e, "dropout_mask": n * mask_bytes if dropout else 0,
@@ -204,15 +197,9 @@ def llama_param_count(n_layer: int, n_head: int, n_kv_head: int, head_dim: int, 
                       vocab: int) -> int:
     """Parameters of a Llama decoder (untied embedding and head, RMSNorm, SwiGLU):
     per layer q and o projections 2*C*H*d, k and v 2*C*H_kv*d, MLP 3*C*F, two norms
-    2*C; plus embedding and head 2*V*C and the final norm C. Llama-2-7B: 6,738,415,616."""
-    for name, val in (("n_layer", n_layer), ("n_head", n_head), ("n_kv_head", n_kv_head),
-                      ("head_dim", head_dim), ("hidden", hidden), ("ffn", ffn), ("vocab", vocab)):
-        _pos_int(name, val)
-    if n_head % n_kv_head:
-        raise ValueError(f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head})")
-    C = hidden
-    layer = 2 * C * n_head * head_dim + 2 * C * n_kv_head * head_dim + 3 * C * ffn + 2 * C
-    return n_layer * layer + 2 * vocab * C + C
+    2*C; plus embedding and head 2*V*C and the final norm C. Llama-2-7B: 6,738,415,616.
+    The count is `memlab.estimate.llama_param_groups` (its "total")."""
+    return llama_param_groups(n_layer, n_head, n_kv_head, head_dim, hidden, ffn, vocab)["total"]
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, seq: int, batch: int = 1, dtype="bf16") -> int:
@@ -224,8 +211,8 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, seq: int, batch:
     preallocated cache rounds up to its page or to the maximum length)."""
     for name, val in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim), ("seq", seq),
                       ("batch", batch)):
-        _pos_int(name, val)
-    return 2 * n_layer * batch * seq * n_kv_head * head_dim * dtype_bytes(dtype)
+        pos_int(name, val)
+    return 2 * n_layer * batch * seq * n_kv_head * head_dim * _act_bytes(dtype)
 
 
 # ----------------------------------------------------------------------------- which kernel runs

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from .core.track import MemoryTracker, format_bytes, phase
+from .core.validate import pos_int
 
 __all__ = ["ActivationPeak", "activation_peak", "ForwardCounter", "ResidualMLPBlock", "block_stack"]
 
@@ -147,8 +148,7 @@ class ResidualMLPBlock(nn.Module):
 
     def __init__(self, d: int, hidden: int | None = None):
         super().__init__()
-        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-            raise ValueError(f"d must be a positive int, got {d!r}")
+        pos_int("d", d)
         hidden = 4 * d if hidden is None else hidden
         self.fc1 = nn.Linear(d, hidden)
         self.fc2 = nn.Linear(hidden, d)
@@ -159,8 +159,7 @@ class ResidualMLPBlock(nn.Module):
 
 def block_stack(n: int, d: int = 32, hidden: int | None = None) -> nn.Sequential:
     """nn.Sequential of `n` ResidualMLPBlocks of width `d`."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    pos_int("n", n)
     return nn.Sequential(*(ResidualMLPBlock(d, hidden) for _ in range(n)))
 
 

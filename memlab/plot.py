@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from .core.track import CATEGORIES, MemoryTracker, Sample
+from .core.validate import int_at_least
 
 __all__ = ["COLORS", "breakdown_bar", "timeline", "tradeoff"]
 
@@ -42,8 +43,7 @@ def breakdown_bar(breakdowns: Mapping[str, Mapping[str, int]], unit: str = "MiB"
     wrapped to `wrap` characters per line so that they do not overlap."""
     if not isinstance(breakdowns, Mapping) or not breakdowns:
         raise ValueError("breakdowns must be a non-empty mapping of label -> {category: bytes} or VirtualRun")
-    if isinstance(wrap, bool) or not isinstance(wrap, int) or wrap < 4:
-        raise ValueError(f"wrap must be an int >= 4 (characters per label line), got {wrap!r}")
+    int_at_least("wrap", wrap, 4, what="an int >= 4 (characters per label line)")
     div = _unit(unit)
     failed = {}
     parts = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .core.estimate import LAYOUTS, model_state_bytes, optimizer_step_temp_bytes
 from .core.track import format_bytes
+from .core.validate import is_number
 from .core.virtual_gpu import PRESETS
 
 __all__ = ["memory_calculator", "calculator_rows"]
@@ -20,7 +21,7 @@ __all__ = ["memory_calculator", "calculator_rows"]
 
 def calculator_rows(billions: float, precision: str, optimizer: str, foreach_step: bool = True) -> list[str]:
     """The calculator's table as text lines, with a title line that says what it shows."""
-    if isinstance(billions, bool) or not isinstance(billions, (int, float)) or not 0 < billions < 1e6:
+    if not is_number(billions) or not 0 < billions < 1e6:
         raise ValueError(f"billions must be a positive number of parameters in billions, got {billions!r}")
     n = round(billions * 1e9)
     st = model_state_bytes(n, precision, optimizer)          # checks precision and optimizer

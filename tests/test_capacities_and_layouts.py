@@ -35,6 +35,30 @@ def test_presets_are_what_the_cards_report_not_nominal_gib():
         assert "github.com" in spec.note, f"{name}: cite where the figure comes from"
 
 
+def test_one_gpu_table_gives_the_same_presets_and_data_sheets():
+    # memlab.core.gpus.GPUS holds each card once; PRESETS and GPU_SPECS are views of it, with these numbers
+    from memlab.core import gpus
+    from memlab.hierarchy import GPU_SPECS
+    assert PRESETS is gpus.PRESETS and GPU_SPECS is gpus.GPU_SPECS
+    assert {k: (s.name, s.capacity, s.bf16) for k, s in PRESETS.items()} == {
+        "T4-16GB": ("T4-16GB", 15095 * MiB, False), "L4-24GB": ("L4-24GB", 23570219008, True),
+        "RTX4090-24GB": ("RTX4090-24GB", 25386352640, True), "A100-40GB": ("A100-40GB", 42298834944, True),
+        "A100-80GB": ("A100-80GB", 85100068864, True), "H100-80GB": ("H100-80GB", 85045477376, True)}
+    assert list(PRESETS) == ["T4-16GB", "L4-24GB", "RTX4090-24GB", "A100-40GB", "A100-80GB", "H100-80GB"]
+    T = 1e12
+    assert {k: (s.dram_bandwidth / 1e9, s.fp32 / T, s.fp16_tensor / T, s.bf16_tensor and s.bf16_tensor / T, s.sms,
+                s.l2_bytes // MiB) for k, s in GPU_SPECS.items()} == {
+        "T4-16GB": (320, 8.1, 65, None, 40, 4), "L4-24GB": (300, 30.3, 121, 121, 58, 48),
+        "V100-32GB": (900, 15.7, 125, None, 80, 6), "A100-40GB": (1555, 19.5, 312, 312, 108, 40),
+        "A100-80GB": (2039, 19.5, 312, 312, 108, 40), "H100-80GB": (3350, 67, 989.5, 989.5, 132, 50)}
+    for k, g in gpus.GPUS.items():
+        assert g.sheet is not None or g.total_memory is not None, k
+        if g.sheet is not None and g.total_memory is not None:        # both halves describe the same card
+            assert g.bf16 == (g.sheet.bf16_tensor is not None), k
+            assert int(g.sheet.memory.split()[0]) == int(k.split("-")[1].rstrip("GB")), k
+            assert PRESETS[k].note == g.memory_source and GPU_SPECS[k] is g.sheet
+
+
 def test_preset_names_ignore_case_and_near_misses_say_what_was_meant():
     assert memlab.VirtualGPU("t4-16gb").capacity == PRESETS["T4-16GB"].capacity
     assert lookup_preset(" A100-80gb ").name == "A100-80GB"

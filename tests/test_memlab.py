@@ -276,6 +276,44 @@ def test_bad_input_names_the_argument(call, exc, words):
                 pass
 
 
+def test_one_validation_module_names_the_argument_and_what_is_allowed():
+    from memlab.core import validate as V
+    for call, exc, msg in [
+        (lambda: V.pos_int("batch", 0), ValueError, "batch must be a positive int, got 0"),
+        (lambda: V.pos_int("batch", True), ValueError, "batch must be a positive int, got True"),
+        (lambda: V.pos_int("batch", 2.0), ValueError, "batch must be a positive int, got 2.0"),
+        (lambda: V.pos_int("bucket", -1, zero_ok=True), ValueError, "bucket must be a non-negative int, got -1"),
+        (lambda: V.int_at_least("steps", 1, 2), ValueError, "steps must be an int >= 2, got 1"),
+        (lambda: V.pos_float("timeout", float("nan")), ValueError, "timeout must be a positive number, got nan"),
+        (lambda: V.pos_float("bw", float("inf"), finite=True), ValueError, "bw must be a positive finite number"),
+        (lambda: V.number_in("headroom", 1, 0, 1), ValueError, r"headroom must be a number in \[0, 1\), got 1"),
+        (lambda: V.number_type("capacity", "1"), TypeError, "capacity must be a number, got str"),
+        (lambda: V.flag("fused", 1), TypeError, "fused must be a bool, got int"),
+        (lambda: V.one_of("stage", 4, (0, 1, 2, 3)), ValueError, r"stage must be one of \(0, 1, 2, 3\), got 4"),
+        (lambda: V.one_of("stage", True, (0, 1, 2, 3)), ValueError, "stage must be one of"),
+        (lambda: V.one_of("unit", [], ("GiB",)), ValueError, "unit must be one of"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            call()
+    assert V.pos_int("n", 3) == 3 and V.pos_int("n", 0, zero_ok=True) == 0 and V.number_in("p", 0, 0, 1) == 0
+    assert V.number_in("s", 10, 0, 10, hi_open=False) == 10 and V.one_of("q", None, (None, "nf4")) is None
+    assert V.pos_float("t", 0.5) == 0.5 and V.flag("f", False) is False
+
+
+def test_one_dtype_size_function():
+    from memlab import attention, hierarchy
+    from memlab.core.dtypes import dtype_bytes
+    assert attention.dtype_bytes is hierarchy.dtype_bytes is dtype_bytes
+    for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn):
+        assert dtype_bytes(dt) == torch.empty((), dtype=dt).element_size()
+    assert [dtype_bytes(n) for n in ("fp32", "float32", "tf32", "bf16", "bfloat16", "fp16", "fp8", "int8")] == \
+        [4, 4, 4, 2, 2, 2, 1, 1]
+    with pytest.raises(ValueError, match="dtype"):
+        dtype_bytes("fp13")
+    with pytest.raises(TypeError, match="dtype"):
+        dtype_bytes(torch.int32)
+
+
 # ----------------------------------------------------------------------------- the rest of the kit
 def test_plots_and_calculator():
     torch.manual_seed(0)

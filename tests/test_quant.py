@@ -157,6 +157,33 @@ def test_llama_param_count_matches_models():
     assert QL.llama_param_count(QL.llama_7b_config())["total"] == 6_738_415_616
 
 
+def test_one_llama_counter_matches_transformers_on_meta():
+    # memlab.estimate.llama_param_groups is the one Llama counter: memlab.attention's (by shapes) and
+    # memlab.qlora's (by config) are it, and all three equal a real LlamaForCausalLM built on meta
+    from transformers import LlamaForCausalLM
+    from memlab import estimate as E
+    from memlab.attention import llama_param_count
+    for kw in ({}, dict(num_key_value_heads=2), dict(num_key_value_heads=1, tie_word_embeddings=True),
+               dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=200)):
+        cfg = tiny_llama_config(**kw)
+        with torch.device("meta"):
+            m = LlamaForCausalLM(cfg)
+        real = sum(p.numel() for p in m.parameters())                # tied: the shared weight counts once
+        C, H, kvh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        shape = dict(n_layer=cfg.num_hidden_layers, n_head=H, n_kv_head=kvh, head_dim=C // H, hidden=C,
+                     ffn=cfg.intermediate_size, vocab=cfg.vocab_size)
+        groups = E.llama_param_groups(**shape, tied=cfg.tie_word_embeddings)
+        assert groups["total"] == real, kw
+        assert groups["norms"] == sum(p.numel() for n, p in m.named_parameters() if "norm" in n)
+        assert QL.llama_param_count(cfg) == groups
+        if not cfg.tie_word_embeddings:
+            assert llama_param_count(**shape) == real
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        E.llama_param_groups(1, 4, 3, 8, 32, 64, 10)
+    with pytest.raises(TypeError, match="tied"):
+        E.llama_param_groups(1, 4, 2, 8, 32, 64, 10, tied=1)
+
+
 @pytest.mark.parametrize("r,targets", [(8, QL.ATTENTION), (4, QL.PROJECTIONS), (3, ("q_proj", "down_proj"))])
 def test_lora_param_count_matches_peft(r, targets):
     from peft import LoraConfig, get_peft_model

@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 
 from .models import GPTConfig
+from .validate import flag, one_of, pos_int
 
-__all__ = ["param_count", "mlp_param_count", "gpt_param_count", "LAYOUTS", "Layout", "BYTES_PER_PARAM",
-           "layout_bytes_per_param", "model_state_bytes", "gpt_param_numels",
+__all__ = ["param_count", "mlp_param_count", "gpt_param_count", "llama_param_groups", "LAYOUTS", "Layout",
+           "BYTES_PER_PARAM", "layout_bytes_per_param", "model_state_bytes", "gpt_param_numels",
            "optimizer_step_temp_bytes", "mlp_activation_bytes", "gpt_activation_bytes",
            "korthikanti_activation_bytes", "zero_model_state_bytes", "Estimate", "mlp_peak_bytes",
            "gpt_peak_bytes", "chen_segment_peak"]
@@ -25,21 +26,11 @@ __all__ = ["param_count", "mlp_param_count", "gpt_param_count", "LAYOUTS", "Layo
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
-
-
-def _choice(name, v, allowed):
-    if v not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
-
-
 # ----------------------------------------------------------------------------- parameters
 def mlp_param_count(d_in: int, width: int, depth: int, d_out: int, bias: bool = True) -> int:
     """Parameters of `memlab.MLP`: depth hidden Linear layers plus an output layer."""
     for n, v in (("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
-        _pos_int(n, v)
+        pos_int(n, v)
     dims = [d_in] + [width] * depth + [d_out]
     return sum(a * b + (b if bias else 0) for a, b in zip(dims[:-1], dims[1:]))
 
@@ -64,6 +55,33 @@ def gpt_param_count(cfg: GPTConfig) -> int:
     emb = V * C + (cfg.block_size * C if cfg.pos == "learned" else 0)
     head = 0 if cfg.tie_weights else V * C
     return L * block + emb + norm + head
+
+
+def llama_param_groups(n_layer: int, n_head: int, n_kv_head: int, head_dim: int, hidden: int, ffn: int,
+                       vocab: int, *, tied: bool = False) -> dict[str, int]:
+    """Parameters of a Llama decoder (transformers' LlamaForCausalLM: no biases, RMSNorm, SwiGLU), by group:
+
+      embed        V*C
+      lm_head      V*C (0 when tied to the embedding)
+      norms        (2L + 1) * C: two RMSNorms per layer and the final one
+      projections  L * (2*C*H*d + 2*C*H_kv*d + 3*C*F): q and o, k and v, gate, up and down
+      total        their sum
+
+    with L=n_layer, H=n_head, H_kv=n_kv_head, d=head_dim, C=hidden, F=ffn, V=vocab. The one Llama counter:
+    `memlab.attention.llama_param_count` and `memlab.qlora.llama_param_count` are this.
+    Llama-2-7B (32, 32, 32, 128, 4096, 11008, 32000): 6,738,415,616.
+    """
+    for name, val in (("n_layer", n_layer), ("n_head", n_head), ("n_kv_head", n_kv_head),
+                      ("head_dim", head_dim), ("hidden", hidden), ("ffn", ffn), ("vocab", vocab)):
+        pos_int(name, val)
+    if n_head % n_kv_head:
+        raise ValueError(f"n_head ({n_head}) must be a multiple of n_kv_head ({n_kv_head})")
+    flag("tied", tied)
+    C, L = hidden, n_layer
+    out = {"embed": vocab * C, "lm_head": 0 if tied else vocab * C, "norms": (2 * L + 1) * C,
+           "projections": L * (2 * C * n_head * head_dim + 2 * C * n_kv_head * head_dim + 3 * C * ffn)}
+    out["total"] = sum(out.values())
+    return out
 
 
 def param_count(model_or_cfg) -> int:
@@ -119,14 +137,14 @@ BYTES_PER_PARAM = {(p, o): L.weights + L.grads + L.master + L.grad_accum + k * L
 def _optimizer(optimizer):
     if optimizer == "adamw":             # AdamW keeps exactly Adam's state (decoupled weight decay is in place)
         return "adam"
-    _choice("optimizer", optimizer, OPTIMIZERS)
+    one_of("optimizer", optimizer, OPTIMIZERS)
     return optimizer
 
 
 def layout_bytes_per_param(precision: str = "fp32", optimizer: str = "adam") -> dict[str, int]:
     """Bytes per parameter of each copy a layout keeps (`LAYOUTS[precision]`), with the optimizer's state
     elements counted: {"weights", "grads", "master", "grad_accum", "optimizer state", "transient copies"}."""
-    _choice("precision", precision, PRECISIONS)
+    one_of("precision", precision, PRECISIONS)
     L = LAYOUTS[precision]
     return {"weights": L.weights, "grads": L.grads, "master": L.master, "grad_accum": L.grad_accum,
             "optimizer state": _STATES[_optimizer(optimizer)] * L.state, "transient copies": L.transient}
@@ -142,7 +160,7 @@ def model_state_bytes(n_params: int, precision: str = "fp32", optimizer: str = "
     optimizers and `zero_grad(set_to_none=True)` *not yet called* (gradients exist). Adam's scalar `step`
     tensors (4 bytes per parameter tensor) are ignored here.
     """
-    _pos_int("n_params", n_params)
+    pos_int("n_params", n_params)
     b = layout_bytes_per_param(precision, optimizer)
     return {"parameters": b["weights"] * n_params, "gradients": (b["grads"] + b["grad_accum"]) * n_params,
             "optimizer": (b["master"] + b["optimizer state"]) * n_params}
@@ -191,9 +209,9 @@ def zero_model_state_bytes(n_params: int, n_gpus: int, stage: int, optimizer_byt
     and grads replicated, fp32 weights, grads and moments partitioned), which is
     neither a ZeRO stage of the paper nor a different K.
     """
-    _pos_int("n_params", n_params)
-    _pos_int("n_gpus", n_gpus)
-    _choice("stage", stage, (0, 1, 2, 3))
+    pos_int("n_params", n_params)
+    pos_int("n_gpus", n_gpus)
+    one_of("stage", stage, (0, 1, 2, 3))
     psi, n, k = n_params, n_gpus, optimizer_bytes_per_param
     return {0: (4 + k) * psi, 1: 4 * psi + k * psi / n, 2: 2 * psi + (2 + k) * psi / n,
             3: (4 + k) * psi / n}[stage]
@@ -215,9 +233,9 @@ def mlp_activation_bytes(batch: int, d_in: int, width: int, depth: int, d_out: i
     the logits to fp32.
     """
     for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
-        _pos_int(n, v)
-    _choice("act", act, ("relu", "gelu", "tanh"))
-    _choice("precision", precision, ("fp32", "amp"))
+        pos_int(n, v)
+    one_of("act", act, ("relu", "gelu", "tanh"))
+    one_of("precision", precision, ("fp32", "amp"))
     per_layer = (2 if act == "gelu" else 1) * batch * width
     if precision == "fp32":
         return 4 * depth * per_layer + 4 * batch * d_out + 4  # + total_weight scalar of nll_loss
@@ -246,8 +264,8 @@ def gpt_activation_bytes(cfg: GPTConfig, batch: int, seq: int) -> int:
     """
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
-    _pos_int("batch", batch)
-    _pos_int("seq", seq)
+    pos_int("batch", batch)
+    pos_int("seq", seq)
     if cfg.attn != "sdpa" or cfg.mlp != "gelu" or cfg.norm != "layernorm" or cfg.dropout or cfg.pos != "learned" \
             or cfg.n_kv_head != cfg.n_head:
         raise ValueError("gpt_activation_bytes models the default block (attn='sdpa', mlp='gelu', "
@@ -264,7 +282,7 @@ def korthikanti_activation_bytes(seq: int, batch: int, hidden: int, heads: int, 
     Transformer Models", eq. (1): activation bytes per transformer layer with
     16-bit activations, dropout, no parallelism: s*b*h*(34 + 5*a*s/h)."""
     for n, v in (("seq", seq), ("batch", batch), ("hidden", hidden), ("heads", heads), ("layers", layers)):
-        _pos_int(n, v)
+        pos_int(n, v)
     s, b, h, a = seq, batch, hidden, heads
     return layers * (34 * s * b * h + 5 * a * s * s * b)
 
@@ -300,10 +318,10 @@ def mlp_peak_bytes(batch: int, d_in: int, width: int, depth: int, d_out: int, *,
     before the step (PyTorch creates it lazily inside the first step()).
     """
     for n, v in (("batch", batch), ("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
-        _pos_int(n, v)
-    _choice("act", act, ("relu", "gelu", "tanh"))
+        pos_int(n, v)
+    one_of("act", act, ("relu", "gelu", "tanh"))
     optimizer = _optimizer(optimizer)
-    _choice("precision", precision, ("fp32", "amp"))
+    one_of("precision", precision, ("fp32", "amp"))
     dims = [d_in] + [width] * depth + [d_out]
     numels = []
     for a, b in zip(dims[:-1], dims[1:]):
@@ -472,8 +490,7 @@ def chen_segment_peak(n_layers: int, segment: int, input_bytes: float, layer_byt
     Ignores the few tensors alive only for an instant (gradients in flight).
     """
     for name, v in (("n_layers", n_layers), ("segment", segment)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        pos_int(name, v)
     if segment > n_layers:
         raise ValueError(f"segment ({segment}) cannot be longer than n_layers ({n_layers})")
     if input_bytes < 0 or layer_bytes < 0:

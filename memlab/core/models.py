@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .track import phase
 from .virtual_gpu import cuda_autocast
+from .validate import is_int, one_of, pos_int
 
 __all__ = ["MLP", "GPTConfig", "GPT", "train_step", "tiny_llama_config"]
 
@@ -40,10 +41,8 @@ class MLP(nn.Module):
                  act: str = "relu", bias: bool = True):
         super().__init__()
         for name, v in (("d_in", d_in), ("width", width), ("depth", depth), ("d_out", d_out)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if act not in ("relu", "gelu", "tanh"):
-            raise ValueError(f"act must be 'relu', 'gelu' or 'tanh', got {act!r}")
+            pos_int(name, v)
+        one_of("act", act, ("relu", "gelu", "tanh"), what="'relu', 'gelu' or 'tanh'")
         self.d_in, self.width, self.depth, self.d_out, self.act_name = d_in, width, depth, d_out, act
         act_cls = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}[act]
         layers: list[nn.Module] = []
@@ -84,26 +83,20 @@ class GPTConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+            pos_int(f"GPTConfig.{name}", getattr(self, name))
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        if isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int) or self.n_kv_head < 1 \
-                or self.n_head % self.n_kv_head:
+        if not is_int(self.n_kv_head) or self.n_kv_head < 1 or self.n_head % self.n_kv_head:
             raise ValueError(f"GPTConfig.n_kv_head must be a positive int that divides n_head ({self.n_head}), "
                              f"got {self.n_kv_head!r}")
-        if isinstance(self.mlp_multiple_of, bool) or not isinstance(self.mlp_multiple_of, int) \
-                or self.mlp_multiple_of < 1:
-            raise ValueError(f"GPTConfig.mlp_multiple_of must be a positive int, got {self.mlp_multiple_of!r}")
+        pos_int("GPTConfig.mlp_multiple_of", self.mlp_multiple_of)
         if not self.mlp_multiplier > 0:
             raise ValueError(f"GPTConfig.mlp_multiplier must be > 0, got {self.mlp_multiplier!r}")
         for name, allowed in (("mlp", ("gelu", "swiglu")), ("norm", ("layernorm", "rmsnorm")),
                               ("pos", ("learned", "rope")), ("attn", ("sdpa", "math"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            one_of(f"GPTConfig.{name}", getattr(self, name), allowed)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.mlp_hidden is None:
@@ -112,8 +105,8 @@ class GPTConfig:
             else:  # Llama: 2/3 of 4C, times a multiplier, rounded up (11008 for C=4096; Llama 3: 14336)
                 f, m = int(self.mlp_multiplier * int(8 * self.n_embd / 3)), self.mlp_multiple_of
                 self.mlp_hidden = m * math.ceil(f / m)
-        elif isinstance(self.mlp_hidden, bool) or not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 1:
-            raise ValueError(f"GPTConfig.mlp_hidden must be a positive int or None, got {self.mlp_hidden!r}")
+        else:
+            pos_int("GPTConfig.mlp_hidden", self.mlp_hidden, what="a positive int or None")
 
     @property
     def head_dim(self) -> int:
@@ -309,8 +302,7 @@ class GPT(nn.Module):
         computes it over that many chunks of positions, each under a checkpoint: only one chunk's (B, T/k, V)
         logits and log-softmax exist at a time, in forward and in backward (they are recomputed), instead of
         the whole (B, T, V) - the same loss and gradients."""
-        if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
-            raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
+        pos_int("loss_chunks", loss_chunks)
         if loss_chunks == 1:
             logits = self.head(h)                                              # (B, T, V)
             return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
@@ -322,8 +314,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, loss_chunks: int = 1):
         """(B, T) ids -> logits (B, T, V), or with targets the mean loss (see `loss` for `loss_chunks`)."""
-        if isinstance(loss_chunks, bool) or not isinstance(loss_chunks, int) or loss_chunks < 1:
-            raise ValueError(f"loss_chunks must be a positive int, got {loss_chunks!r}")
+        pos_int("loss_chunks", loss_chunks)
         h = self.features(idx)                                                 # (B, T, C)
         if targets is None:
             return self.head(h)                                                # (B, T, V)

@@ -43,6 +43,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .validate import int_at_least, number_type, one_of
+
 __all__ = ["CATEGORIES", "MemoryTracker", "Sample", "phase", "watch", "active_trackers", "format_bytes"]
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries")
@@ -135,93 +137,9 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         return []
 
 
-class MemoryTracker(TorchDispatchMode):
-    """Exact live tensor bytes by category, with phases, a peak and a timeline.
-
-        tracker = MemoryTracker(model, optimizer)
-        with tracker:
-            with memlab.phase("forward"):
-                loss = loss_fn(model(x), y)
-            with memlab.phase("backward"):
-                loss.backward()
-            with memlab.phase("step"):
-                optimizer.step()
-        tracker.peak, tracker.peak_breakdown, tracker.phase_peaks, tracker.timeline
-
-    Args:
-        model: an nn.Module (or list of them) whose parameters/buffers are "parameters".
-        optimizer: a torch.optim.Optimizer (or list) whose state is "optimizer".
-        device: device type to count ("cpu", "cuda", "mps", "meta"); default: the
-            model's parameter device, else "cpu". Tensors on other devices are ignored.
-        capacity: bytes; exceeding it raises torch.OutOfMemoryError (the virtual GPU).
-        round_to: round each storage up to a multiple of this many bytes (1 = exact).
-        timeline: keep a sample per allocation/free event (cheap; turn off for huge runs).
-    """
-
-    def __init__(self, model=None, optimizer=None, *, device: str | torch.device | None = None,
-                 capacity: int | None = None, round_to: int = 1, timeline: bool = True,
-                 device_label: str | None = None):
-        super().__init__()
-        if capacity is not None:
-            if isinstance(capacity, bool) or not isinstance(capacity, (int, float)):
-                raise TypeError(f"capacity must be a number of bytes or None, got {type(capacity).__name__}")
-            if capacity <= 0:
-                raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
-        if isinstance(round_to, bool) or not isinstance(round_to, int) or round_to < 1:
-            raise ValueError(f"round_to must be an int >= 1, got {round_to!r}")
-        if device is not None and not isinstance(device, (str, torch.device)):
-            raise TypeError(f"device must be a str, torch.device or None, got {type(device).__name__}")
-        self.capacity = int(capacity) if capacity is not None else None
-        self.round_to = round_to
-        self.keep_timeline = bool(timeline)
-        self.device_label = device_label
-        self._device_type = torch.device(device).type if device is not None else None
-        self._blocks: dict[int, _Block] = {}
-        self._counts = [0] * len(CATEGORIES)
-        self._total = 0
-        self._seq = 0
-        self._phase = "idle"
-        self._phases_seen: list[str] = []
-        self._peak = _Peak()
-        self._phase_peaks: dict[str, _Peak] = {}
-        # timeline as an event log: (seq, phase, block id, byte delta); categories are looked up
-        # at read time, so a storage relabelled later shows under its final role everywhere
-        self._events: list[tuple[int, str, int, int]] = []
-        self._cat_of: dict[int, int] = {}
-        self._timeline_from = 0
-        self._handles: list = []
-        self._watched_params: dict[int, torch.nn.Parameter] = {}
-        self._watched_opts: list[torch.optim.Optimizer] = []
-        self._depth = 0
-        self.cuda_stats: dict[str, int] = {}
-        self._cuda_phase_stats: list[tuple[str, int, int]] = []
-        self._models = []
-        for m in ([] if model is None else (model if isinstance(model, (list, tuple)) else [model])):
-            self._check_module(m)
-            self._models.append(m)
-        self._opts = []
-        for o in ([] if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])):
-            self._check_optimizer(o)
-            self._opts.append(o)
-        if self._device_type is None:
-            for m in self._models:
-                for p in m.parameters():
-                    self._device_type = p.device.type
-                    break
-                if self._device_type:
-                    break
-            self._device_type = self._device_type or "cpu"
-
-    # ------------------------------------------------------------------ input checks
-    @staticmethod
-    def _check_module(m):
-        if not isinstance(m, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module (or a list of them), got {type(m).__name__}")
-
-    @staticmethod
-    def _check_optimizer(o):
-        if not isinstance(o, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them), got {type(o).__name__}")
+class _Accounting:
+    """MemoryTracker's storage accounting: live blocks, counts by category, the peaks and the event log, and
+    the out-of-memory error at capacity (state set up by MemoryTracker.__init__)."""
 
     # ------------------------------------------------------------------ bookkeeping
     def _bytes(self, st: torch.UntypedStorage) -> int:
@@ -326,13 +244,28 @@ class MemoryTracker(TorchDispatchMode):
         self.oom = {"request": request, "phase": self._phase, "live": live, "capacity": cap}
         raise torch.OutOfMemoryError("\n".join(lines))
 
+
+class _Registration:
+    """MemoryTracker's registration: the watched models (parameters, buffers, gradients by hook) and optimizers
+    (state after each step), and extra tensors with a category."""
+
+    # ------------------------------------------------------------------ input checks
+    @staticmethod
+    def _check_module(m):
+        if not isinstance(m, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (or a list of them), got {type(m).__name__}")
+
+    @staticmethod
+    def _check_optimizer(o):
+        if not isinstance(o, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer (or a list of them), got {type(o).__name__}")
+
     # ------------------------------------------------------------------ registration
     def watch(self, model=None, optimizer=None, tensors: Iterable[torch.Tensor] = (),
               category: str = "temporaries") -> "MemoryTracker":
         """Register a model, an optimizer and/or extra tensors (e.g. an input batch
         created before the tracker). May be called before or inside `with`."""
-        if category not in _IDX:
-            raise ValueError(f"category must be one of {CATEGORIES}, got {category!r}")
+        one_of("category", category, CATEGORIES)
         if model is not None:
             for m in (model if isinstance(model, (list, tuple)) else [model]):
                 self._check_module(m)
@@ -394,6 +327,154 @@ class MemoryTracker(TorchDispatchMode):
         for group in o.param_groups:
             for p in group["params"]:
                 self._on_grad(p)
+
+
+class _Results:
+    """MemoryTracker's results: live bytes now, the peak and its breakdown and phase, each phase's peak, the
+    timeline and the report."""
+
+    # ------------------------------------------------------------------ results
+    @property
+    def current(self) -> int:
+        """Live bytes now."""
+        return self._total
+
+    def breakdown(self) -> dict[str, int]:
+        """Live bytes now, by category."""
+        return dict(zip(CATEGORIES, self._counts))
+
+    @property
+    def peak(self) -> int:
+        """Highest live total seen (bytes)."""
+        return self._peak.total
+
+    @property
+    def peak_breakdown(self) -> dict[str, int]:
+        """Live bytes by category at the moment of the peak (final roles)."""
+        return self._peak.as_dict()
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase the peak happened in."""
+        for ph, pk in self._phase_peaks.items():
+            if pk.seq == self._peak.seq:
+                return ph
+        return "idle"
+
+    @property
+    def phase_peaks(self) -> dict[str, dict[str, int]]:
+        """For each phase: its peak total and the breakdown at that moment."""
+        return {ph: {"total": pk.total, **pk.as_dict()} for ph, pk in self._phase_peaks.items()
+                if ph in self._phases_seen or ph == "idle"}
+
+    @property
+    def timeline(self) -> list[Sample]:
+        """One sample per allocation/free event, in order, each storage under its
+        final role. What was registered at entry (the model, existing state) is the
+        first sample, not a ramp of events."""
+        counts, out, start = [0] * len(CATEGORIES), [], self._timeline_from
+        for i, (seq, ph, uid, delta) in enumerate(self._events):
+            counts[self._cat_of[uid]] += delta
+            if i >= start - 1 and (i >= start or start > 0):
+                out.append(Sample(seq, ph if i >= start else "idle", sum(counts), dict(zip(CATEGORIES, counts))))
+        return out
+
+    def reset_peak(self):
+        """Forget the peaks and the timeline (live blocks stay tracked)."""
+        self._peak = _Peak(self._seq, self._total, list(self._counts))
+        self._phase_peaks = {}
+        self._timeline_from = len(self._events)
+
+    def report(self) -> str:
+        """A table: peak by category, and each phase's peak."""
+        lines = [f"{'category':<12} {'at peak':>12}   {'now':>12}"]
+        now = self.breakdown()
+        for c in CATEGORIES:
+            lines.append(f"{c:<12} {format_bytes(self.peak_breakdown[c]):>12}   {format_bytes(now[c]):>12}")
+        lines.append(f"{'total':<12} {format_bytes(self.peak):>12}   {format_bytes(self.current):>12}")
+        lines.append(f"peak reached in phase: {self.peak_phase}")
+        for ph, d in self.phase_peaks.items():
+            lines.append(f"  peak during {ph:<10} {format_bytes(d['total']):>12}")
+        if self.cuda_stats.get("max_allocated") is not None:
+            lines.append(f"CUDA allocator: max allocated {format_bytes(self.cuda_stats['max_allocated'])}, "
+                         f"max reserved {format_bytes(self.cuda_stats['max_reserved'])}")
+        return "\n".join(lines)
+
+
+class MemoryTracker(_Accounting, _Registration, _Results, TorchDispatchMode):
+    """Exact live tensor bytes by category, with phases, a peak and a timeline.
+
+        tracker = MemoryTracker(model, optimizer)
+        with tracker:
+            with memlab.phase("forward"):
+                loss = loss_fn(model(x), y)
+            with memlab.phase("backward"):
+                loss.backward()
+            with memlab.phase("step"):
+                optimizer.step()
+        tracker.peak, tracker.peak_breakdown, tracker.phase_peaks, tracker.timeline
+
+    Args:
+        model: an nn.Module (or list of them) whose parameters/buffers are "parameters".
+        optimizer: a torch.optim.Optimizer (or list) whose state is "optimizer".
+        device: device type to count ("cpu", "cuda", "mps", "meta"); default: the
+            model's parameter device, else "cpu". Tensors on other devices are ignored.
+        capacity: bytes; exceeding it raises torch.OutOfMemoryError (the virtual GPU).
+        round_to: round each storage up to a multiple of this many bytes (1 = exact).
+        timeline: keep a sample per allocation/free event (cheap; turn off for huge runs).
+    """
+
+    def __init__(self, model=None, optimizer=None, *, device: str | torch.device | None = None,
+                 capacity: int | None = None, round_to: int = 1, timeline: bool = True,
+                 device_label: str | None = None):
+        super().__init__()
+        if capacity is not None:
+            number_type("capacity", capacity, what="a number of bytes or None")
+            if capacity <= 0:
+                raise ValueError(f"capacity must be > 0 bytes, got {capacity}")
+        int_at_least("round_to", round_to, 1)
+        if device is not None and not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be a str, torch.device or None, got {type(device).__name__}")
+        self.capacity = int(capacity) if capacity is not None else None
+        self.round_to = round_to
+        self.keep_timeline = bool(timeline)
+        self.device_label = device_label
+        self._device_type = torch.device(device).type if device is not None else None
+        self._blocks: dict[int, _Block] = {}
+        self._counts = [0] * len(CATEGORIES)
+        self._total = 0
+        self._seq = 0
+        self._phase = "idle"
+        self._phases_seen: list[str] = []
+        self._peak = _Peak()
+        self._phase_peaks: dict[str, _Peak] = {}
+        # timeline as an event log: (seq, phase, block id, byte delta); categories are looked up
+        # at read time, so a storage relabelled later shows under its final role everywhere
+        self._events: list[tuple[int, str, int, int]] = []
+        self._cat_of: dict[int, int] = {}
+        self._timeline_from = 0
+        self._handles: list = []
+        self._watched_params: dict[int, torch.nn.Parameter] = {}
+        self._watched_opts: list[torch.optim.Optimizer] = []
+        self._depth = 0
+        self.cuda_stats: dict[str, int] = {}
+        self._cuda_phase_stats: list[tuple[str, int, int]] = []
+        self._models = []
+        for m in ([] if model is None else (model if isinstance(model, (list, tuple)) else [model])):
+            self._check_module(m)
+            self._models.append(m)
+        self._opts = []
+        for o in ([] if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])):
+            self._check_optimizer(o)
+            self._opts.append(o)
+        if self._device_type is None:
+            for m in self._models:
+                for p in m.parameters():
+                    self._device_type = p.device.type
+                    break
+                if self._device_type:
+                    break
+            self._device_type = self._device_type or "cpu"
 
     # ------------------------------------------------------------------ context
     def __enter__(self):
@@ -470,71 +551,3 @@ class MemoryTracker(TorchDispatchMode):
                             continue
                     self._add(st, _T)
         return out
-
-    # ------------------------------------------------------------------ results
-    @property
-    def current(self) -> int:
-        """Live bytes now."""
-        return self._total
-
-    def breakdown(self) -> dict[str, int]:
-        """Live bytes now, by category."""
-        return dict(zip(CATEGORIES, self._counts))
-
-    @property
-    def peak(self) -> int:
-        """Highest live total seen (bytes)."""
-        return self._peak.total
-
-    @property
-    def peak_breakdown(self) -> dict[str, int]:
-        """Live bytes by category at the moment of the peak (final roles)."""
-        return self._peak.as_dict()
-
-    @property
-    def peak_phase(self) -> str:
-        """The phase the peak happened in."""
-        for ph, pk in self._phase_peaks.items():
-            if pk.seq == self._peak.seq:
-                return ph
-        return "idle"
-
-    @property
-    def phase_peaks(self) -> dict[str, dict[str, int]]:
-        """For each phase: its peak total and the breakdown at that moment."""
-        return {ph: {"total": pk.total, **pk.as_dict()} for ph, pk in self._phase_peaks.items()
-                if ph in self._phases_seen or ph == "idle"}
-
-    @property
-    def timeline(self) -> list[Sample]:
-        """One sample per allocation/free event, in order, each storage under its
-        final role. What was registered at entry (the model, existing state) is the
-        first sample, not a ramp of events."""
-        counts, out, start = [0] * len(CATEGORIES), [], self._timeline_from
-        for i, (seq, ph, uid, delta) in enumerate(self._events):
-            counts[self._cat_of[uid]] += delta
-            if i >= start - 1 and (i >= start or start > 0):
-                out.append(Sample(seq, ph if i >= start else "idle", sum(counts), dict(zip(CATEGORIES, counts))))
-        return out
-
-    def reset_peak(self):
-        """Forget the peaks and the timeline (live blocks stay tracked)."""
-        self._peak = _Peak(self._seq, self._total, list(self._counts))
-        self._phase_peaks = {}
-        self._timeline_from = len(self._events)
-
-    def report(self) -> str:
-        """A table: peak by category, and each phase's peak."""
-        lines = [f"{'category':<12} {'at peak':>12}   {'now':>12}"]
-        now = self.breakdown()
-        for c in CATEGORIES:
-            lines.append(f"{c:<12} {format_bytes(self.peak_breakdown[c]):>12}   {format_bytes(now[c]):>12}")
-        lines.append(f"{'total':<12} {format_bytes(self.peak):>12}   {format_bytes(self.current):>12}")
-        lines.append(f"peak reached in phase: {self.peak_phase}")
-        for ph, d in self.phase_peaks.items():
-            lines.append(f"  peak during {ph:<10} {format_bytes(d['total']):>12}")
-        if self.cuda_stats.get("max_allocated") is not None:
-            lines.append(f"CUDA allocator: max allocated {format_bytes(self.cuda_stats['max_allocated'])}, "
-                         f"max reserved {format_bytes(self.cuda_stats['max_reserved'])}")
-        return "\n".join(lines)
-

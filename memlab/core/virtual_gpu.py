@@ -21,11 +21,11 @@ needed: `Module.to()` and `.half()` cannot swap fake parameters), and call
         train_step(model, opt, x, x)
     result = gpu.run(step)          # raises torch.OutOfMemoryError if it does not fit
 
-Capacities are what the real card reports as
-`torch.cuda.get_device_properties(0).total_memory` (the same number as
-`cudaDeviceProp.totalGlobalMem`, which NVIDIA's deviceQuery sample prints), not
-the vendor's nominal "16 GB" read as GiB: a T4 holds 14.74 GiB. The figure
-moves a little with the driver; each preset names its source.
+Capacities (`PRESETS`, derived from the one GPU table `memlab.core.gpus.GPUS`)
+are what the real card reports as `torch.cuda.get_device_properties(0).total_memory`
+(the same number as `cudaDeviceProp.totalGlobalMem`, which NVIDIA's deviceQuery
+sample prints), not the vendor's nominal "16 GB" read as GiB: a T4 holds 14.74 GiB.
+The figure moves a little with the driver; each preset names its source.
 
 Why the fake tensors report device "cpu": a CPU-only PyTorch build cannot run
 autograd on fake tensors that claim to be on "cuda" (it has no CUDA device
@@ -52,7 +52,9 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
+from .gpus import PRESETS, GPUSpec
 from .track import MemoryTracker, format_bytes
+from .validate import number_type, one_of
 
 __all__ = ["PRESETS", "GPUSpec", "VirtualGPU", "VirtualRun", "CUDA_CONTEXT_GB", "cuda_autocast", "lookup_preset"]
 
@@ -63,45 +65,6 @@ GiB, MiB = 2**30, 2**20
 # pytorch/pytorch#107667; "from 200+mb to 700+mb" depending on the machine, pytorch/pytorch#28113). A guess to
 # reserve, not a measurement of your machine: on a GPU, compare torch.cuda.mem_get_info() with total_memory.
 CUDA_CONTEXT_GB = 0.4
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    capacity: int     # bytes: total_memory as the real card reports it (minus any reserve)
-    bf16: bool        # native bf16 tensor cores (Ampere sm_80 and newer)
-    note: str         # where the numbers come from
-
-
-def _spec(name: str, total: int, bf16: bool, note: str) -> GPUSpec:
-    return GPUSpec(name, total, bf16, note)
-
-
-# total_memory in bytes, each from a named public record of the real card (deviceQuery prints
-# totalGlobalMem, which is what torch.cuda.get_device_properties(0).total_memory reports).
-PRESETS: dict[str, GPUSpec] = {
-    "T4-16GB": _spec("T4-16GB", 15095 * MiB, False,
-                     "Tesla T4 on Colab, driver 12.4: deviceQuery 'Global Memory 15095 MBytes' (github.com/"
-                     "sylvia-ymlin/cuda-kernels-from-scratch README.md); Colab OOM messages print 'total capacity "
-                     "of 14.74 GiB'. Other hosts' drivers report 14.56 GiB (github.com/Zheng-Chong/CatVTON "
-                     "issue 133). Turing sm_75: no bf16 tensor cores."),
-    "L4-24GB": _spec("L4-24GB", 23570219008, True,
-                     "NVIDIA L4: torch.cuda.get_device_properties(0).total_memory = 23570219008 bytes with torch "
-                     "2.4.0+cu121, as public GPU benchmark reports print it (nvidia-smi lists 23034 MiB); other "
-                     "drivers print 'total capacity of 22.03 GiB' (github.com/ArcInstitute/evo2 issue 190). Ada sm_89."),
-    "RTX4090-24GB": _spec("RTX4090-24GB", 25386352640, True,
-                          "GeForce RTX 4090, driver 12.4: deviceQuery '24210 MBytes (25386352640 bytes)' "
-                          "(github.com/thamada/nvidia-smi gls/RTX4090_deviceQuery.py). Ada sm_89."),
-    "A100-40GB": _spec("A100-40GB", 42298834944, True,
-                       "A100-SXM4-40GB, driver 12.2: deviceQuery '40339 MBytes (42298834944 bytes)' "
-                       "(github.com/bottlerocket-os/bottlerocket pull request 3873). Ampere sm_80."),
-    "A100-80GB": _spec("A100-80GB", 85100068864, True,
-                       "A100-SXM4-80GB, driver 12.5: deviceQuery '81158 MBytes (85100068864 bytes)' "
-                       "(github.com/thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py). Ampere sm_80."),
-    "H100-80GB": _spec("H100-80GB", 85045477376, True,
-                       "H100 80GB HBM3 (SXM), driver 12.7: deviceQuery '81106 MBytes (85045477376 bytes)' "
-                       "(github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py). Hopper sm_90."),
-}
 
 
 def lookup_preset(name: str) -> GPUSpec:
@@ -159,8 +122,7 @@ class cuda_autocast:
     in fp32. Bytes then match a CUDA run; `VirtualGPU.autocast(dtype, op_lists="cpu")` gives the CPU lists."""
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16):
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        one_of("dtype", dtype, (torch.float16, torch.bfloat16), what="torch.float16 or torch.bfloat16")
         self._autocast, self._mode = torch.autocast("cpu", dtype=dtype), _CudaAutocastLists(dtype)
 
     def __enter__(self):
@@ -253,10 +215,8 @@ class VirtualGPU:
     def autocast(self, dtype: torch.dtype = torch.bfloat16, op_lists: str = "cuda"):
         """torch.autocast for the virtual GPU's tensors. op_lists="cuda" (default): CUDA's op lists
         (`cuda_autocast`); "cpu": PyTorch's CPU lists, as plain torch.autocast("cpu") applies them."""
-        if op_lists not in ("cuda", "cpu"):
-            raise ValueError(f"op_lists must be 'cuda' or 'cpu', got {op_lists!r}")
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        one_of("op_lists", op_lists, ("cuda", "cpu"), what="'cuda' or 'cpu'")
+        one_of("dtype", dtype, (torch.float16, torch.bfloat16), what="torch.float16 or torch.bfloat16")
         return cuda_autocast(dtype) if op_lists == "cuda" else torch.autocast(self.device.type, dtype=dtype)
 
     def grad_scaler(self, **kwargs) -> torch.amp.GradScaler:
@@ -311,8 +271,7 @@ class VirtualGPU:
 
 
 def _check_gib(name, v, positive):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} must be a number of GiB, got {type(v).__name__}")
+    number_type(name, v, what="a number of GiB")
     if not math.isfinite(v):
         raise ValueError(f"{name} must be a finite number of GiB, got {v}: for a GPU that never runs out, "
                          f"pass a large finite size such as capacity_gb=4096")

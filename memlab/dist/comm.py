@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..core.validate import is_int, pos_int
+
 __all__ = ["CommCounter", "ring_bytes_sent"]
 
 
@@ -35,10 +37,8 @@ def ring_bytes_sent(collective: str, payload: int, world_size: int) -> float:
     (Patarasuk & Yuan 2009; the accounting of Rajbhandari et al. 2020, Sec. 7):
     reduce-scatter and all-gather each send (N-1)/N x S, an all-reduce is the two of them,
     2 (N-1)/N x S; a pipelined broadcast forwards S from all but the last rank: (N-1)/N x S."""
-    if not isinstance(payload, int) or payload < 0:
-        raise ValueError(f"payload must be a number of bytes >= 0, got {payload!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    pos_int("payload", payload, zero_ok=True, what="a number of bytes >= 0")
+    pos_int("world_size", world_size)
     factor = {"all_reduce": 2}.get(collective, 1)
     return factor * (world_size - 1) / world_size * payload
 
@@ -96,7 +96,7 @@ class CommCounter(TorchDispatchMode):
                     self._count(name, payload, _group_size(args))
                 else:                                     # functional: (input(s), ..., group_size?, group_name)
                     payload = sum(t.nbytes for t in _tensors(args[0]))
-                    world = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)), None)
+                    world = next((a for a in args[1:] if is_int(a)), None)
                     if name == "all_gather" and world:
                         payload *= world                  # the gathered output is N x the input
                     self._count(name, payload, world or _group_size(()))

@@ -44,6 +44,7 @@ import torch
 
 from ._rank import _rank_main
 from .comm import CommCounter, ring_bytes_sent
+from ..core.validate import is_int, pos_float, pos_int
 
 __all__ = ["RankGroup", "RankError", "RankResult", "run", "CommCounter", "ring_bytes_sent"]
 
@@ -114,17 +115,14 @@ class RankGroup:
     def __init__(self, world_size: int, *, backend: str | None = None, timeout: float = 120.0,
                  threads: int = 1, env: dict[str, str] | None = None, preload: tuple[str, ...] = (),
                  start_timeout: float = 120.0, wait: bool = True):
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        pos_int("world_size", world_size)
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
         for name, v in (("timeout", timeout), ("start_timeout", start_timeout)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be a positive int, got {threads!r}")
+            pos_float(name, v, what="a positive number of seconds")
+        pos_int("threads", threads)
         if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
                                                                    for k, v in env.items())):
             raise TypeError("env must be a dict of str -> str")
@@ -211,7 +209,7 @@ class RankGroup:
 
     def log(self, rank: int) -> str:
         """Everything rank `rank` printed (stdout and stderr) so far."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+        if not is_int(rank) or not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
         try:
             with open(self.log_path(rank), errors="replace") as f:
@@ -285,9 +283,8 @@ class RankGroup:
             raise RuntimeError("this RankGroup is closed (it was stopped or a rank failed); start a new one")
         _check_callable(fn)
         self.wait_ready()
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if timeout is not None:
+            pos_float("timeout", timeout, what="a positive number of seconds or None")
         task = (fn, args, kwargs, tracked)
         try:
             pickle.dumps(task)

@@ -18,16 +18,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..core.track import _LIFT_FRESH, _T, MemoryTracker, _storages, active_trackers
+from ..core.validate import one_of, pos_int
 
 __all__ = ["comm_volume", "deepspeed_buffers", "label_deepspeed", "follow_storage_resizes", "HostLinkCounter",
            "local_tensor", "label", "ShardAwareTracker"]
 
 STAGES = (0, 1, 2, 3)
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 def comm_volume(n_params: int, stage: int, bytes_per_element: int = 2, world_size: int | None = None) -> dict:
@@ -40,12 +36,11 @@ def comm_volume(n_params: int, stage: int, bytes_per_element: int = 2, world_siz
     3 Psi, 1.5x data parallel. `world_size` given: multiply by (N-1)/N, the share a rank sends with
     ring algorithms (`memlab.dist.ring_bytes_sent`); None: the paper's volume.
     """
-    _pos_int("n_params", n_params)
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    _pos_int("bytes_per_element", bytes_per_element)
+    pos_int("n_params", n_params)
+    one_of("stage", stage, STAGES)
+    pos_int("bytes_per_element", bytes_per_element)
     if world_size is not None:
-        _pos_int("world_size", world_size)
+        pos_int("world_size", world_size)
     s = n_params * bytes_per_element
     out = ({"reduce_scatter": s, "all_gather": s} if stage < 3 else {"reduce_scatter": s, "all_gather": 2 * s})
     f = 1.0 if world_size is None else (world_size - 1) / world_size

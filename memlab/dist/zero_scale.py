@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..core.models import GPT, GPTConfig
 from ..core.track import phase, watch
+from ..core.validate import is_int, one_of, pos_int
 
 __all__ = ["zero_rank_step", "per_gpu_peaks", "DEEPSPEED_REDUCE_BUCKET"]
 
@@ -40,13 +41,10 @@ DEEPSPEED_REDUCE_BUCKET = int(5e8)   # elements: DeepSpeed's default zero_optimi
 def _check(cfg, stage, n_gpus, batch, seq, bucket):
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    one_of("stage", stage, (0, 1, 2, 3), what="0, 1, 2 or 3")
     for name, v in (("n_gpus", n_gpus), ("batch", batch), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 0:
-        raise ValueError(f"bucket must be a number of elements >= 0, got {bucket!r}")
+        pos_int(name, v)
+    pos_int("bucket", bucket, zero_ok=True, what="a number of elements >= 0")
     if seq > cfg.block_size:
         raise ValueError(f"seq ({seq}) exceeds cfg.block_size ({cfg.block_size})")
 
@@ -160,7 +158,7 @@ def per_gpu_peaks(cfg: GPTConfig, batch: int, seq: int, n_gpus=(1, 2, 4, 8, 16, 
     from dataclasses import replace
     from ..core.virtual_gpu import VirtualGPU
     _check(cfg, 0, 1, batch, seq, bucket)
-    if not n_gpus or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in n_gpus):
+    if not n_gpus or not all(is_int(n) and n >= 1 for n in n_gpus):
         raise ValueError(f"n_gpus must be positive ints, got {n_gpus!r}")
     if any(s not in (0, 1, 2, 3) for s in stages):
         raise ValueError(f"stages must be among 0, 1, 2, 3, got {stages!r}")

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from memlab.dist.comm import CommCounter
 from memlab.core.models import GPT, GPTConfig
 from memlab.core.track import CATEGORIES, phase, watch
+from memlab.core.validate import int_at_least, one_of, pos_int
 from memlab.dist.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
 from memlab.dist.zero import label as label_as
 
@@ -62,10 +63,8 @@ def ds_config(stage: int, *, offload: bool = False, bucket: int = 2**17, micro_b
       a gathered parameter that will be reused soon (max_reuse_distance): for a tiny model, all of them.
     zero_overrides: more "zero_optimization" keys, e.g. {"use_multi_rank_bucket_allreduce": False}.
     """
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
-    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
-        raise ValueError(f"bucket must be a positive number of elements, got {bucket!r}")
+    one_of("stage", stage, (0, 1, 2, 3), what="0, 1, 2 or 3")
+    pos_int("bucket", bucket, what="a positive number of elements")
     zero = {"stage": stage, "overlap_comm": False, "contiguous_gradients": True,
             "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if stage == 3:
@@ -120,8 +119,7 @@ def _loop(framework, stage, build, steps, host_tensors=None) -> dict:
     """Build under a tracker, train `steps` steps, measure the last. `build(device)` returns
     (forward(x) -> loss, backward(loss), step(), label(), buffers() -> dict or None, n_params);
     label() tells the tracker the roles of the framework's tensors, after every phase."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps must be an int >= 2 (the first step creates the optimizer state), got {steps!r}")
+    int_at_least("steps", steps, 2, what="an int >= 2 (the first step creates the optimizer state)")
     device = _device()
     tracker = ShardAwareTracker(device=device.type, timeline=False)
     out = {"framework": framework, "stage": stage, "rank": dist.get_rank(), "world_size": dist.get_world_size(),
@@ -252,8 +250,7 @@ def fsdp2_run(steps: int = 2, reshard_after_forward: bool = True, reduce_dtype: 
     (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=...)), AdamW on the fp32 shards."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    if reduce_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}")
+    one_of("reduce_dtype", reduce_dtype, ("float32", "bfloat16"), what="'float32' or 'bfloat16'")
 
     def build(device):
         torch.manual_seed(0)

@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..core.track import CATEGORIES, active_trackers, format_bytes, phase, watch
+from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
 __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
 
@@ -99,19 +100,14 @@ class Plan:
 
     def check(self) -> "Plan":
         for name in ("batch", "seq", "gpus", "lora_r"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            pos_int(name, getattr(self, name))
         for name, allowed in CHOICES.items():
-            v = getattr(self, name)
-            if isinstance(v, bool) or v not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {v!r}")
+            one_of(name, getattr(self, name), allowed, what=f"one of {', '.join(map(repr, allowed))}")
         mb = self.micro_batch
-        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1 or self.batch % mb):
+        if mb is not None and (not is_int(mb) or mb < 1 or self.batch % mb):
             raise ValueError(f"micro_batch must be None or a positive int that divides batch ({self.batch}), "
                              f"got {mb!r}")
-        if not isinstance(self.offload, bool):
-            raise TypeError(f"offload must be True or False, got {self.offload!r}")
+        flag("offload", self.offload)
         if self.offload and self.zero < 1:
             raise ValueError("offload=True needs zero >= 1: optimizer offload (ZeRO-Offload) is a ZeRO option")
         if self.mode == "inference" and (self.zero or self.offload or self.micro_batch not in (None, self.batch)):
@@ -196,7 +192,7 @@ def _gpu(gpu):
     if isinstance(gpu, str):
         spec = lookup_preset(gpu)
         return spec.name, spec.capacity
-    if isinstance(gpu, (int, float)) and not isinstance(gpu, bool):
+    if is_number(gpu):
         if not math.isfinite(gpu) or gpu <= 0:
             raise ValueError(f"gpu as a number is a capacity in GiB and must be > 0, got {gpu!r}")
         return f"{gpu:g}GiB", int(gpu * GiB)
@@ -231,8 +227,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     t0 = time.perf_counter()
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
                 attention, lora_r).check()
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
-        raise ValueError(f"headroom must be a fraction in [0, 1), got {headroom!r}")
+    number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
     gpu_name, capacity = _gpu(gpu)
     cfg = load_config(model)
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)

@@ -11,6 +11,7 @@ import sys
 
 from .plan import CHOICES, FitResult, fit, fit_presets, load_config
 from ..core.track import format_bytes
+from ..core.validate import is_int, pos_int
 
 __all__ = ["fit_search", "extra_seconds", "main"]
 
@@ -69,15 +70,14 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     are compared as they are (lora serves like full; qlora serves a 4-bit base).
     Returns at most `limit` plans (an empty list: nothing searched fits).
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    pos_int("limit", limit)
     for name, vals, allowed in (("methods", methods, CHOICES["method"]),
                                 ("optimizers", optimizers, CHOICES["optimizer"])):
         if isinstance(vals, str) or not vals or any(v not in allowed for v in vals):
             raise ValueError(f"{name} must be a non-empty list from {allowed}, got {vals!r}")
-    if isinstance(gpus, int) and not isinstance(gpus, bool):
+    if is_int(gpus):
         gpus = (gpus,)
-    if not gpus or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in gpus):
+    if not gpus or not all(is_int(n) and n >= 1 for n in gpus):
         raise ValueError(f"gpus must be a positive int or a list of them, got {gpus!r}")
     cfg = load_config(model)
     name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")

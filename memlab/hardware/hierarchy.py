@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..core.gpus import GPU_SPECS, GPUDataSheet, gpu_spec, match_gpu_spec, pcie_bandwidth
+from ..core.dtypes import dtype_bytes
+from ..core.validate import flag, int_at_least, is_int, number_type, pos_float, pos_int
 from .timing import (Timing, copy_bandwidth, cpu_cache_sizes, matmul_throughput, read_bandwidth, synchronize,
                      time_fn, transfer_bandwidth)
 
@@ -38,31 +40,15 @@ __all__ = ["GPUDataSheet", "GPU_SPECS", "gpu_spec", "match_gpu_spec", "pcie_band
            "transfer_bandwidth", "cpu_cache_sizes"]
 
 # ----------------------------------------------------------------------------- FLOPs and bytes
-_DTYPE_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 _TORCH_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
-
-
-def dtype_bytes(dtype: torch.dtype | str) -> int:
-    """Bytes per element: torch.float16 -> 2, "bf16" -> 2, "fp32" -> 4."""
-    if isinstance(dtype, torch.dtype):
-        return dtype.itemsize
-    if isinstance(dtype, str) and dtype in _DTYPE_BYTES:
-        return _DTYPE_BYTES[dtype]
-    raise ValueError(f"dtype must be a torch.dtype or one of {sorted(_DTYPE_BYTES)}, got {dtype!r}")
 
 
 def _shape(name, shape, min_dims=1):
     if isinstance(shape, torch.Size):
         shape = tuple(shape)
-    if not isinstance(shape, (tuple, list)) or len(shape) < min_dims or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shape):
+    if not isinstance(shape, (tuple, list)) or len(shape) < min_dims or not all(is_int(s) and s >= 1 for s in shape):
         raise ValueError(f"{name} must be a tuple of >= {min_dims} positive ints, got {shape!r}")
     return tuple(shape)
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -104,9 +90,8 @@ def elementwise_cost(shape, dtype: torch.dtype | str = "fp32", n_inputs: int = 1
     output: FLOPs = flops_per_element * numel, bytes = (n_inputs + 1) * numel * itemsize.
     relu/scale: 1 input; add/mul: 2 inputs."""
     s = _shape("shape", shape)
-    _pos_int("n_inputs", n_inputs)
-    if isinstance(flops_per_element, bool) or not isinstance(flops_per_element, int) or flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be an int >= 0, got {flops_per_element!r}")
+    pos_int("n_inputs", n_inputs)
+    int_at_least("flops_per_element", flops_per_element, 0)
     n = math.prod(s)
     return OpCost("elementwise", flops_per_element * n, (n_inputs + 1) * n * dtype_bytes(dtype))
 
@@ -125,8 +110,7 @@ def layer_norm_cost(shape, dtype: torch.dtype | str = "fp32", affine: bool = Tru
     2 for the affine weight and bias; per-row scalars (divide by C, rsqrt) ignored.
     Bytes = read x + write y (+ weight and bias, C each) times itemsize."""
     s = _shape("shape", shape)
-    if not isinstance(affine, bool):
-        raise TypeError(f"affine must be a bool, got {type(affine).__name__}")
+    flag("affine", affine)
     n, c = math.prod(s), s[-1]
     return OpCost("layer_norm", (7 if affine else 5) * n, (2 * n + (2 * c if affine else 0)) * dtype_bytes(dtype))
 
@@ -144,9 +128,8 @@ def attention_cost(batch: int, heads: int, seq: int, head_dim: int, dtype: torch
     Dao et al. 2022): read Q, K, V, write O = 4*B*H*T*d * itemsize.
     """
     for nm, v in (("batch", batch), ("heads", heads), ("seq", seq), ("head_dim", head_dim)):
-        _pos_int(nm, v)
-    if not isinstance(fused, bool):
-        raise TypeError(f"fused must be a bool, got {type(fused).__name__}")
+        pos_int(nm, v)
+    flag("fused", fused)
     bh, t, d, nb = batch * heads, seq, head_dim, dtype_bytes(dtype)
     flops = 4 * bh * t * t * d + 5 * bh * t * t
     moved = 4 * bh * t * d + (0 if fused else 4 * bh * t * t)
@@ -164,8 +147,7 @@ class MeasuredRoof:
     def __post_init__(self):
         for nm in ("peak_flops", "bandwidth"):
             v = getattr(self, nm)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{nm} must be a positive finite number, got {v!r}")
+            pos_float(nm, v, finite=True)
 
 
 def peak_flops(spec: str | GPUDataSheet, tensor_cores: bool = False, dtype: torch.dtype | str = "fp32") -> float:
@@ -180,8 +162,7 @@ def peak_flops(spec: str | GPUDataSheet, tensor_cores: bool = False, dtype: torc
       the GPU has none for that dtype (a T4 has no TF32 and no BF16 tensor cores).
     """
     s = gpu_spec(spec)
-    if not isinstance(tensor_cores, bool):
-        raise TypeError(f"tensor_cores must be a bool, got {type(tensor_cores).__name__}")
+    flag("tensor_cores", tensor_cores)
     name = _TORCH_NAME.get(dtype, dtype) if isinstance(dtype, torch.dtype) else dtype
     if name not in ("fp32", "tf32", "fp16", "bf16"):
         raise ValueError(f"dtype must be fp32, tf32, fp16 or bf16 (str or torch.dtype), got {dtype!r}")
@@ -221,8 +202,7 @@ class Roofline:
 
 
 def _num(name, v, positive):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    number_type(name, v)
     if not math.isfinite(v) or v < 0 or (positive and v == 0):
         raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
 

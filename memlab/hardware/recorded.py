@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.track import format_bytes
+from ..core.validate import is_number
 
 __all__ = ["DIR", "SCHEMA", "NO_RECORDING", "Recording", "available", "load", "show", "file_stem"]
 
@@ -92,7 +93,7 @@ class Recording:
 
 
 def _value(key: str, v) -> str:
-    if key.endswith("_bytes") and isinstance(v, (int, float)) and not isinstance(v, bool):
+    if key.endswith("_bytes") and is_number(v):
         return format_bytes(v)
     return str(v)
 

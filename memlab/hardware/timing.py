@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.validate import flag, int_at_least, is_int, number_in, one_of, pos_int
+
 __all__ = ["Timing", "synchronize", "time_fn", "copy_bandwidth", "read_bandwidth", "matmul_throughput",
            "transfer_bandwidth", "cpu_cache_sizes"]
 
@@ -110,10 +112,8 @@ def time_fn(fn, device: str | torch.device = "cpu", warmup: int = 2, repeats: in
         raise TypeError(f"fn must be callable with no arguments, got {type(fn).__name__}")
     dev = _device(device)
     for nm, v, lo in (("warmup", warmup, 0), ("repeats", repeats, 1), ("max_inner", max_inner, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{nm} must be an int >= {lo}, got {v!r}")
-    if isinstance(min_sample_s, bool) or not isinstance(min_sample_s, (int, float)) or not 0 <= min_sample_s <= 10:
-        raise ValueError(f"min_sample_s must be a number of seconds in [0, 10], got {min_sample_s!r}")
+        int_at_least(nm, v, lo)
+    number_in("min_sample_s", min_sample_s, 0, 10, hi_open=False, what="a number of seconds in [0, 10]")
     first = _sample(fn, 1, dev)
     for _ in range(warmup):
         fn()
@@ -128,13 +128,12 @@ def time_fn(fn, device: str | torch.device = "cpu", warmup: int = 2, repeats: in
 
 
 def _stat(t: Timing, stat: str) -> float:
-    if stat not in ("median", "min"):
-        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+    one_of("stat", stat, ("median", "min"), what="'median' or 'min'")
     return t.median if stat == "median" else t.min
 
 
 def _nbytes(nbytes):
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4 or nbytes % 4:
+    if not is_int(nbytes) or nbytes < 4 or nbytes % 4:
         raise ValueError(f"nbytes must be a positive int multiple of 4 (fp32 elements), got {nbytes!r}")
     return nbytes // 4
 
@@ -168,10 +167,8 @@ def read_bandwidth(nbytes: int, device: str | torch.device = "cpu", total_bytes:
 def matmul_throughput(n: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                       repeats: int = 7, warmup: int = 2, min_sample_s: float = 2e-3, stat: str = "median") -> float:
     """FLOP/s achieved by an (n, n) @ (n, n) matmul, counting 2 n^3 FLOPs."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    pos_int("n", n)
+    one_of("dtype", dtype, (torch.float32, torch.float16, torch.bfloat16, torch.float64), what="a floating torch.dtype")
     dev = _device(device)
     a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
     t = time_fn(lambda: a @ b, dev, warmup, repeats, min_sample_s)
@@ -183,10 +180,8 @@ def transfer_bandwidth(nbytes: int, direction: str = "h2d", pinned: bool = True,
     """GB/s of one host<->CUDA copy of `nbytes` (bytes crossing the bus once).
     direction "h2d" (host to device) or "d2h"; pinned=True uses page-locked host
     memory and non_blocking copies, pinned=False ordinary (pageable) memory. CUDA only."""
-    if direction not in ("h2d", "d2h"):
-        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
-    if not isinstance(pinned, bool):
-        raise TypeError(f"pinned must be a bool, got {type(pinned).__name__}")
+    one_of("direction", direction, ("h2d", "d2h"), what="'h2d' or 'd2h'")
+    flag("pinned", pinned)
     n = _nbytes(nbytes)
     if not torch.cuda.is_available():
         raise ValueError("transfer_bandwidth needs a CUDA device (host<->device copies cross PCIe/NVLink)")

@@ -21,6 +21,7 @@ import torch.nn as nn
 from .qlora import PROJECTIONS, _dims, _targets
 from .nf4 import Linear4bitStandIn
 from ..core.track import phase
+from ..core.validate import number_in, one_of, pos_int
 
 __all__ = ["silence_libraries", "quant_tensors", "stored_bytes", "tiny_llama", "finetune_llama", "causal_lm_step"]
 
@@ -114,12 +115,9 @@ def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, 
     quant type, `bnb_4bit_use_double_quant=double_quant`, `bnb_4bit_compute_dtype=compute_dtype`;
     or load_in_8bit), onto `device`: the path a downloaded checkpoint takes, without a download.
     """
-    if quant not in (None, "nf4", "fp4", "int8"):
-        raise ValueError(f"quant must be None, 'nf4', 'fp4' or 'int8', got {quant!r}")
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    one_of("quant", quant, (None, "nf4", "fp4", "int8"), what="None, 'nf4', 'fp4' or 'int8'")
+    one_of("dtype", dtype, (torch.float32, torch.float16, torch.bfloat16), what="torch.float32, float16 or bfloat16")
+    one_of("device", device, ("cpu", "cuda"), what="'cpu' or 'cuda'")
     silence_libraries()
     from transformers import BitsAndBytesConfig, LlamaForCausalLM
     from ..core.models import tiny_llama_config
@@ -175,13 +173,10 @@ def finetune_llama(cfg, method: str = "qlora", *, r: int = 16, targets=PROJECTIO
     embeddings/norms/lm_head in fp32 as `peft.prepare_model_for_kbit_training` leaves them, fp32 adapters.
     Returns the model (a peft model for lora/qlora); checkpointing uses use_reentrant=False.
     """
-    if method not in ("full", "lora", "qlora"):
-        raise ValueError(f"method must be 'full', 'lora' or 'qlora', got {method!r}")
+    one_of("method", method, ("full", "lora", "qlora"), what="'full', 'lora' or 'qlora'")
     _dims(cfg)
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise ValueError(f"r must be a positive int, got {r!r}")
-    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
-        raise ValueError(f"lora_dropout must be in [0, 1), got {lora_dropout!r}")
+    pos_int("r", r)
+    number_in("lora_dropout", lora_dropout, 0, 1, what="in [0, 1)")
     silence_libraries()
     from transformers import LlamaForCausalLM
     cfg = copy.deepcopy(cfg)

@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..core.validate import flag, one_of, pos_int
+
 __all__ = ["BLOCKSIZE", "DQ_BLOCKSIZE", "bits_per_param", "nf4_bytes", "quant_state_bytes", "adam8bit_state_bytes",
            "Roundtrip", "absmax_roundtrip", "zeropoint_roundtrip", "bnb_roundtrip", "relative_error",
            "Linear4bitStandIn"]
@@ -38,11 +40,6 @@ BLOCKSIZE = 64        # weights per absmax (QLoRA's NF4 default; bitsandbytes' q
 DQ_BLOCKSIZE = 256    # absmax values per second-level scale in double quantization (QLoRA section 3)
 _NF4_CODE = 16        # entries of the 4-bit code table (fp32) each QuantState owns
 _DYNAMIC_CODE = 256   # entries of the 8-bit dynamic map (fp32) copied into each nested state
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 # ----------------------------------------------------------------------------- formulas
@@ -59,9 +56,8 @@ def bits_per_param(blocksize: int = BLOCKSIZE, double_quant: bool = False, code_
     """
     for n, v in (("blocksize", blocksize), ("code_bits", code_bits), ("scale_bits", scale_bits),
                  ("dq_bits", dq_bits), ("dq_blocksize", dq_blocksize)):
-        _pos_int(n, v)
-    if not isinstance(double_quant, bool):
-        raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__}")
+        pos_int(n, v)
+    flag("double_quant", double_quant)
     if not double_quant:
         return code_bits + scale_bits / blocksize
     return code_bits + dq_bits / blocksize + 32 / (blocksize * dq_blocksize)
@@ -77,10 +73,9 @@ def nf4_bytes(numel: int, blocksize: int = BLOCKSIZE, double_quant: bool = True)
         offset     one fp32: the mean subtracted from absmax before quantizing it (double quantization only)
         tables     the 16-entry fp32 code table, plus the 256-entry fp32 dynamic map of the nested state
     """
-    _pos_int("numel", numel)
-    _pos_int("blocksize", blocksize)
-    if not isinstance(double_quant, bool):
-        raise TypeError(f"double_quant must be a bool, got {type(double_quant).__name__}")
+    pos_int("numel", numel)
+    pos_int("blocksize", blocksize)
+    flag("double_quant", double_quant)
     n_blocks = -(-numel // blocksize)
     out = {"codes": (numel + 1) // 2, "absmax": n_blocks * (1 if double_quant else 4), "absmax2": 0, "offset": 0,
            "tables": 4 * _NF4_CODE}
@@ -112,9 +107,9 @@ def adam8bit_state_bytes(numel: int, min_8bit_size: int = 4096, blocksize: int =
     2 * numel + 8 * ceil(numel / blocksize) (about 2.03 bytes/param); tensors with fewer than
     `min_8bit_size` elements keep fp32 moments, 8 * numel. The two 256-entry fp32 quantization
     maps are shared by all tensors (2 KiB once) and not counted here."""
-    _pos_int("numel", numel)
-    _pos_int("min_8bit_size", min_8bit_size)
-    _pos_int("blocksize", blocksize)
+    pos_int("numel", numel)
+    pos_int("min_8bit_size", min_8bit_size)
+    pos_int("blocksize", blocksize)
     if numel < min_8bit_size:
         return 8 * numel
     return 2 * numel + 2 * 4 * -(-numel // blocksize)
@@ -140,7 +135,7 @@ def _blocks(x, blocksize):
     flat = x.detach().reshape(-1).float()
     if blocksize is None:
         return flat.unsqueeze(0), 0
-    _pos_int("blocksize", blocksize)
+    pos_int("blocksize", blocksize)
     pad = (-flat.numel()) % blocksize
     return F.pad(flat, (0, pad)).view(-1, blocksize), pad
 
@@ -158,7 +153,7 @@ def absmax_roundtrip(x: torch.Tensor, bits: int = 8, blocksize: int | None = Non
     of the flattened tensor: bits + 32 / blocksize bits per weight.
     """
     _check_x(x)
-    _pos_int("bits", bits)
+    pos_int("bits", bits)
     if bits < 2:
         raise ValueError(f"bits must be >= 2 for a signed grid, got {bits}")
     blocks, pad = _blocks(x, blocksize)
@@ -178,7 +173,7 @@ def zeropoint_roundtrip(x: torch.Tensor, bits: int = 8, blocksize: int | None = 
     not centred on zero. Storage: bits per weight + a fp32 scale and a `bits`-bit zero point per block.
     """
     _check_x(x)
-    _pos_int("bits", bits)
+    pos_int("bits", bits)
     blocks, pad = _blocks(x, blocksize)
     levels = 2 ** bits - 1
     lo, hi = blocks.amin(dim=1, keepdim=True), blocks.amax(dim=1, keepdim=True)
@@ -196,8 +191,7 @@ def bnb_roundtrip(x: torch.Tensor, quant_type: str = "nf4", blocksize: int = BLO
     weight measured from the stored tensors (codes, absmax, nested state and offset;
     the constant code tables are left out, as in the paper's 4.127)."""
     _check_x(x)
-    if quant_type not in ("nf4", "fp4"):
-        raise ValueError(f"quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
+    one_of("quant_type", quant_type, ("nf4", "fp4"), what="'nf4' or 'fp4'")
     import bitsandbytes.functional as bnbF
     packed, qs = bnbF.quantize_4bit(x, blocksize=blocksize, quant_type=quant_type, compress_statistics=double_quant)
     x_hat = bnbF.dequantize_4bit(packed, qs)
@@ -268,12 +262,11 @@ class Linear4bitStandIn(nn.Module):
                  compute_dtype: torch.dtype = torch.bfloat16, quant_dtype: torch.dtype = torch.bfloat16,
                  blocksize: int = BLOCKSIZE, double_quant: bool = True, device=None):
         super().__init__()
-        _pos_int("in_features", in_features)
-        _pos_int("out_features", out_features)
-        _pos_int("blocksize", blocksize)
+        pos_int("in_features", in_features)
+        pos_int("out_features", out_features)
+        pos_int("blocksize", blocksize)
         for n, dt in (("compute_dtype", compute_dtype), ("quant_dtype", quant_dtype)):
-            if dt not in (torch.float32, torch.float16, torch.bfloat16):
-                raise ValueError(f"{n} must be torch.float32, float16 or bfloat16, got {dt}")
+            one_of(n, dt, (torch.float32, torch.float16, torch.bfloat16), what="torch.float32, float16 or bfloat16")
         if bias:
             raise ValueError("bias=True is not modelled (Llama's projections have no bias)")
         self.in_features, self.out_features = in_features, out_features

@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .nf4 import BLOCKSIZE, nf4_bytes
+from ..core.estimate import llama_param_groups
 from ..core.track import format_bytes
+from ..core.validate import number_in, pos_int
 
 __all__ = ["PROJECTIONS", "ATTENTION", "llama_7b_config", "projection_shapes", "llama_param_count",
            "lora_param_count", "QLoRAEstimate", "qlora_bytes"]
@@ -47,8 +49,7 @@ def _dims(cfg):
                         f"got {type(cfg).__name__}")
     V, C, F, L, H = (getattr(cfg, n) for n in names)
     for n, v in zip(names, (V, C, F, L, H)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"cfg.{n} must be a positive int, got {v!r}")
+        pos_int(f"cfg.{n}", v)
     kvh = getattr(cfg, "num_key_value_heads", None) or H
     return V, C, F, L, H, kvh * (C // H), bool(getattr(cfg, "tie_word_embeddings", False))
 
@@ -62,12 +63,11 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 def llama_param_count(cfg) -> dict[str, int]:
     """Parameters of a LlamaForCausalLM by group: embed (V*C), lm_head (V*C unless tied),
-    norms ((2L + 1) * C), projections (L * (2C^2 + 2C*kv + 3CF)), total."""
-    V, C, F, L, H, kv, tied = _dims(cfg)
-    proj = L * sum(i * o for i, o in projection_shapes(cfg).values())
-    out = {"embed": V * C, "lm_head": 0 if tied else V * C, "norms": (2 * L + 1) * C, "projections": proj}
-    out["total"] = sum(out.values())
-    return out
+    norms ((2L + 1) * C), projections (L * (2C^2 + 2C*kv + 3CF)), total: `memlab.estimate.llama_param_groups`
+    read from the config (head_dim = C / H)."""
+    V, C, F, L, H, _, tied = _dims(cfg)
+    kvh = getattr(cfg, "num_key_value_heads", None) or H
+    return llama_param_groups(L, H, kvh, C // H, C, F, V, tied=tied)
 
 
 def _targets(targets):
@@ -81,8 +81,7 @@ def _targets(targets):
 
 def lora_param_count(cfg, r: int, targets=ATTENTION) -> int:
     """Trainable LoRA parameters: L * sum over targets of r * (in + out) (Hu et al. 2021)."""
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise ValueError(f"r must be a positive int, got {r!r}")
+    pos_int("r", r)
     shapes = projection_shapes(cfg)
     L = _dims(cfg)[3]
     return L * sum(r * sum(shapes[t]) for t in _targets(targets))
@@ -173,10 +172,8 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
     if not any(t in tg for t in ("q_proj", "k_proj", "v_proj")):
         raise ValueError("qlora_bytes assumes at least one of q_proj/k_proj/v_proj is adapted")
     for n, v in (("batch", batch), ("seq", seq), ("blocksize", blocksize), ("optimizer_bytes", optimizer_bytes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{n} must be a positive int, got {v!r}")
-    if isinstance(lora_dropout, bool) or not isinstance(lora_dropout, (int, float)) or not 0 <= lora_dropout < 1:
-        raise ValueError(f"lora_dropout must be in [0, 1), got {lora_dropout!r}")
+        pos_int(n, v)
+    number_in("lora_dropout", lora_dropout, 0, 1, what="in [0, 1)")
     if mask_bytes not in (1, 2, 4):
         raise ValueError(f"mask_bytes must be 1 (CUDA bool mask), 2 or 4 (CPU float mask), got {mask_bytes!r}")
     shapes = projection_shapes(cfg)
