@@ -37,7 +37,7 @@ HERE = ROOT / "autograder"
 CONFIG = HERE / "nbgrader_config.py"
 SOURCE = ROOT / "solutions"
 RELEASE = ROOT / "exercises"
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")      # matched whole (fullmatch): no newline at the end
 TASK_SUFFIX = re.compile(r"_(visible|hidden)$")
 
 
@@ -76,7 +76,7 @@ DRILL = ROOT / "tests" / "fixtures" / "solutions"
 
 
 def drill_course(tmp: Path) -> Course:
-    """A throwaway course holding only the drill exercise (99_drill, autograder/checks/ex99.py), released:
+    """A throwaway course holding only the drill exercise (99_drill, autograder/checks/ex99/), released:
     what the pipeline's own tests and benchmarks grade."""
     tmp.mkdir(parents=True, exist_ok=True)
     course = temp_course(tmp, DRILL, tmp / "release")
@@ -194,6 +194,17 @@ class ClassResult:
     skipped: dict[str, str] = field(default_factory=dict)     # entries of the folder that are no learner
 
 
+def _has_link(entry: Path) -> bool:
+    """Whether anything under `entry` (itself included) is a symbolic link; links are never followed."""
+    if entry.is_symlink():
+        return True
+    if entry.is_dir():
+        for dirpath, dirnames, filenames in os.walk(entry, followlinks=False):
+            if any(Path(dirpath, n).is_symlink() for n in dirnames + filenames):
+                return True
+    return False
+
+
 def collect(submissions: Path, ex: Exercise) -> tuple[dict[str, Path], dict[str, str], dict[str, str]]:
     """Each learner's notebook. Accepted layouts, per learner: SUBMISSIONS/<id>.ipynb,
     SUBMISSIONS/<id>/<nb>.ipynb, SUBMISSIONS/<id>/<assignment>/<nb>.ipynb.
@@ -202,25 +213,26 @@ def collect(submissions: Path, ex: Exercise) -> tuple[dict[str, Path], dict[str,
     failed: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for entry in sorted(submissions.iterdir()):
-        sid = entry.stem if entry.is_file() else entry.name
+        sid = entry.stem if entry.is_file() and not entry.is_symlink() else entry.name
+        shown = repr(entry.name) if not entry.name.isprintable() else entry.name
         if entry.name.startswith("."):
-            skipped[entry.name] = "hidden file"
+            skipped[shown] = "hidden file"
             continue
-        if entry.is_symlink():
-            skipped[entry.name] = "a symbolic link (not followed)"
+        if _has_link(entry):
+            skipped[shown] = "holds a symbolic link (links are not followed)"
             continue
         if entry.is_file() and entry.suffix != ".ipynb":
-            skipped[entry.name] = "not a notebook (.ipynb)"
+            skipped[shown] = "not a notebook (.ipynb)"
             continue
-        if not STUDENT_ID.match(sid):
-            failed[entry.name] = "learner id must be letters, digits, '_', '.', '-' (at most 64 characters)"
+        if not STUDENT_ID.fullmatch(sid):
+            skipped[shown] = "learner id must be letters, digits, '_', '.', '-' (at most 64 characters)"
             continue
         if entry.is_file():
             found[sid] = entry
             continue
         nb = ex.release.name
         cands = [entry / ex.name / nb, entry / nb] + sorted(entry.glob("*.ipynb"))
-        hit = next((c for c in cands if c.is_file() and not c.is_symlink()), None)
+        hit = next((c for c in cands if c.is_file()), None)
         if hit is None:
             failed[sid] = f"no notebook found (looked for {nb} in {entry.name}/ and {entry.name}/{ex.name}/)"
         else:
@@ -264,12 +276,16 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
                 sid = futs[fut]
                 try:
                     g = fut.result()
+                    gradebook.record(course, ex, sid, learners[sid], g)
+                    res.graded[sid] = gradebook.scores(course, ex.name, sid)
                 except NotGradable as e:
                     res.failed[sid] = str(e)
                     log(f"[{i}/{len(futs)}] {sid:<24} NOT GRADED: {e}")
                     continue
-                gradebook.record(course, ex, sid, learners[sid], g)
-                res.graded[sid] = gradebook.scores(course, ex.name, sid)
+                except Exception as e:  # noqa: BLE001 - one learner's failure is that learner's row, never the class's
+                    res.failed[sid] = f"grading failed ({type(e).__name__}: {str(e)[:300]})"
+                    log(f"[{i}/{len(futs)}] {sid:<24} NOT GRADED: {res.failed[sid]}")
+                    continue
                 res.reasons[sid] = dict(g.reasons)
                 if g.note:
                     res.notes[sid] = g.note

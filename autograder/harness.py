@@ -2,13 +2,15 @@
 
     python -m autograder.harness JOB_DIR
 
-JOB_DIR/job.json (written by the grader) holds the notebook code to run, in order,
-and the probes: for each check case, the task id and the case's plain-data inputs.
-This process imports the exercise's check module first, runs the notebook code in
-an IPython shell (magics work; an error in one cell is recorded and the next cell
-runs), then calls each task's `run(case, **learner_names)` and appends one JSON line
-per case to JOB_DIR/results.jsonl: {"key": ..., "value": plain data} or
-{"key": ..., "error": text}. Nothing here decides a score: the grader reads these
+JOB_DIR/job.json (written by the grader, read-only here) holds the notebook code to run,
+in order, and the probes: for each check case, the task id and the case's plain-data
+inputs. This process imports the exercise's check module first, runs the notebook code
+in an IPython shell (magics work; an error in one cell is recorded and the next cell
+runs), then calls each task's `run(case, **learner_names)`. It writes one JSON line per
+cell error ({"cell": i, "where": ..., "error": text}) and per case ({"key": ..., "value":
+plain data} or {"key": ..., "error": text}) to the result channel: a pipe the grader
+holds, whose descriptor (MEMLAB_CHANNEL_FD) is taken, and closed under its number,
+before any learner code runs. Nothing here decides a score: the grader reads these
 lines after this process and every process it started have ended, and judges each
 value against a reference it computes itself.
 """
@@ -36,12 +38,15 @@ def _learner_error(e: BaseException) -> str:
 def main(job_dir: str) -> int:
     job_dir = Path(job_dir)
     job = json.loads((job_dir / "job.json").read_text())
-    # the check module and the encoder are bound here, before any learner code runs
+    # the channel, the check module and the encoder are bound here, before any learner code runs
+    fd = int(os.environ.pop("MEMLAB_CHANNEL_FD"))
+    channel = os.fdopen(os.dup(fd), "w", encoding="utf-8")
+    os.close(fd)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # a file over the size limit fails to grow; no signal kills us
     checks = importlib.import_module(job["module"])
     from autograder.checks.common import encode
     tasks = dict(checks.TASKS)
-    results = open(job_dir / "results.jsonl", "a", encoding="utf-8")
-    cell_log = open(job_dir / "cells.jsonl", "a", encoding="utf-8")
+    results = cell_log = channel
 
     from IPython.core.interactiveshell import InteractiveShell
     shell = InteractiveShell.instance()

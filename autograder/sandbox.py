@@ -11,8 +11,12 @@ process limits). Without bubblewrap it
 falls back to a plain child process with resource limits and says which
 protections are missing (`Sandbox.missing`).
 
-stdout and stderr go to files in the scratch folder, never to pipes that a
-learner's process could hold open.
+The learner's only writable folder is its scratch folder: with bubblewrap a fresh tmpfs of bounded size
+(`Limits.scratch_bytes`) at /scratch, without it a folder of the job directory. The job directory itself
+(what the grader wrote: job.json) is mounted read-only. Results come back on a pipe the grader holds (the
+channel, `run(channel=True)`), never through a file the learner can write. stdout and stderr go to files in the
+job directory (never to pipes that a learner's process could hold open), each capped by RLIMIT_FSIZE
+(`Limits.file_bytes`), and the grader reads only their tail (`tail`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,6 +46,9 @@ class Limits:
     wall_s: float = 1800.0              # the whole learner: wall-clock seconds
     memory_bytes: int = 6 * 2**30       # resident memory of all its processes (cgroup) or address space (rlimit)
     processes: int = 256                # processes and threads
+    scratch_bytes: int = 1 * 2**30      # the learner's writable folder (a tmpfs with bubblewrap)
+    file_bytes: int = 64 * 2**20        # the largest file it may write (RLIMIT_FSIZE), stdout and stderr included
+    channel_bytes: int = 64 * 2**20     # the most the grader reads from the result channel
 
     def __post_init__(self):
         if not (isinstance(self.wall_s, (int, float)) and self.wall_s > 0):
@@ -49,6 +57,10 @@ class Limits:
             raise ValueError(f"memory_bytes must be an int of at least 256 MiB, got {self.memory_bytes!r}")
         if not (isinstance(self.processes, int) and self.processes >= 16):
             raise ValueError(f"processes must be an int >= 16, got {self.processes!r}")
+        for name in ("scratch_bytes", "file_bytes", "channel_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2**20:
+                raise ValueError(f"{name} must be an int of at least 1 MiB, got {v!r}")
 
 
 @dataclass
@@ -58,6 +70,42 @@ class Outcome:
     seconds: float
     stdout: Path
     stderr: Path
+    channel: bytes = b""                # what the process wrote to the result channel (at most channel_bytes)
+    channel_truncated: bool = False     # it wrote more, and the rest was read and dropped
+
+
+def tail(path: Path, n: int = 2000) -> str:
+    """The last n bytes of a file the learner's process wrote, as text ("" if there is none); never the whole file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read(n).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+class _Drain(threading.Thread):
+    """Reads a pipe to its end, keeping the first `cap` bytes and dropping the rest (so a learner who writes
+    without end neither blocks on a full pipe nor fills the grader's memory)."""
+
+    def __init__(self, fd: int, cap: int):
+        super().__init__(daemon=True)
+        self.fd, self.cap, self.data, self.truncated = fd, cap, bytearray(), False
+
+    def run(self):
+        try:
+            while chunk := os.read(self.fd, 1 << 16):
+                room = self.cap - len(self.data)
+                if room > 0:
+                    self.data += chunk[:room]
+                if len(chunk) > max(room, 0):
+                    self.truncated = True
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
 
 
 def _bwrap() -> str | None:
@@ -102,9 +150,15 @@ class Sandbox:
         return "warning: learners are graded without " + "; without ".join(self.missing) + f". To fix: {how}."
 
     # ------------------------------------------------------------------ command line
-    def _bwrap_argv(self, argv: list[str], scratch: Path, binds: list[Path], env: dict[str, str]) -> list[str]:
-        cmd = [self.bwrap, "--unshare-all", "--uid", "65534", "--gid", "65534", "--die-with-parent", "--new-session", "--clearenv",
-               "--tmpfs", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    def workdir(self, job_dir: Path) -> Path:
+        """The learner's writable folder as its process sees it: HOME, TMPDIR and the current folder."""
+        return Path("/scratch") if self.bwrap else Path(job_dir) / "scratch"
+
+    def _bwrap_argv(self, argv: list[str], job_dir: Path, binds: list[Path], env: dict[str, str],
+                    limits: Limits) -> list[str]:
+        cmd = [self.bwrap, "--unshare-all", "--uid", "65534", "--gid", "65534", "--die-with-parent", "--new-session",
+               "--clearenv", "--tmpfs", "/", "--proc", "/proc", "--dev", "/dev",
+               "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp"]
         for d in ("/usr", "/opt", *ETC):
             if Path(d).exists():
                 cmd += ["--ro-bind", d, d]
@@ -116,16 +170,25 @@ class Sandbox:
                 cmd += ["--ro-bind", d, d]
         for b in binds:
             cmd += ["--ro-bind", str(b), str(b)]
-        cmd += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
+        work = self.workdir(job_dir)
+        cmd += ["--ro-bind", str(job_dir), str(job_dir),
+                "--size", str(limits.scratch_bytes), "--tmpfs", str(work), "--chdir", str(work)]
         for k, v in env.items():
             cmd += ["--setenv", k, v]
         return cmd + ["--", *argv]
 
     # ------------------------------------------------------------------ run
-    def run(self, argv: list[str], scratch: Path, binds: list[Path], env: dict[str, str], limits: Limits) -> Outcome:
-        """Run argv with scratch as its only writable folder; returns when every process of it has ended."""
-        scratch = Path(scratch)
-        out, err = scratch / "stdout.txt", scratch / "stderr.txt"
+    def run(self, argv: list[str], job_dir: Path, binds: list[Path], env: dict[str, str], limits: Limits,
+            channel: bool = False) -> Outcome:
+        """Run argv with `workdir(job_dir)` as its only writable folder and job_dir read-only; returns when every
+        process of it has ended. With channel=True the process finds a pipe's write end in the file descriptor
+        named by the environment variable MEMLAB_CHANNEL_FD; what it writes there is Outcome.channel."""
+        job_dir = Path(job_dir)
+        out, err = job_dir / "stdout.txt", job_dir / "stderr.txt"
+        work = self.workdir(job_dir)
+        env = dict(env, HOME=str(work), TMPDIR=str(work))
+        if not self.bwrap:
+            work.mkdir(exist_ok=True)
         cgs = []
         for root in self.cgroups:
             cg = root / f"memlab-{uuid.uuid4().hex[:12]}"
@@ -144,12 +207,16 @@ class Sandbox:
             except OSError:
                 if cg.exists():
                     cg.rmdir()
+        pipe = os.pipe() if channel else None
+        if pipe:
+            env["MEMLAB_CHANNEL_FD"] = str(pipe[1])
         if self.bwrap:
-            cmd = self._bwrap_argv(argv, scratch, binds, env)
+            cmd = self._bwrap_argv(argv, job_dir, binds, env, limits)
             child_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             # a go-between process, so that the learner's parent is not the grader itself
-            cmd = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))", *argv]
+            cmd = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], "
+                   "close_fds=False))", *argv]
             child_env = dict(env, PATH=os.environ.get("PATH", "/usr/bin:/bin"))
 
         def preexec():
@@ -160,18 +227,32 @@ class Sandbox:
                 if os.geteuid() != 0:
                     resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
 
         t0 = time.monotonic()
         timed_out = False
+        drain = None
         with open(out, "wb") as fo, open(err, "wb") as fe:
-            proc = subprocess.Popen(cmd, cwd=scratch, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
-                                    env=child_env, start_new_session=True, preexec_fn=preexec)
+            try:
+                proc = subprocess.Popen(cmd, cwd=job_dir, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                                        env=child_env, start_new_session=True, preexec_fn=preexec,
+                                        pass_fds=(pipe[1],) if pipe else ())
+            finally:
+                if pipe:
+                    os.close(pipe[1])
+            if pipe:
+                drain = _Drain(pipe[0], limits.channel_bytes)
+                drain.start()
             try:
                 proc.wait(timeout=limits.wall_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
             _kill_all(proc, cgs)
-        return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err)
+        got, cut = b"", False
+        if drain:
+            drain.join(timeout=5)     # every writer has ended; one that escaped the sandbox is not waited for
+            got, cut = bytes(drain.data), drain.truncated or drain.is_alive()
+        return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut)
 
 
 def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:

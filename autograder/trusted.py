@@ -9,34 +9,57 @@
    runs the learner's code on them in a sandbox (`autograder/sandbox.py`,
    `autograder/harness.py`), which returns plain data.
 3. After the sandbox has ended, it judges each result against the checks'
-   own references, here, and gives each test cell its points if every case of it
-   passed. A failed check keeps its teaching message for the feedback.
+   own references, in a judging process of its own (trusted code, forked from a
+   server that has torch loaded) with a time and memory budget per learner, and gives
+   each test cell its points if every case of it passed. A failed check keeps its
+   teaching message for the feedback. Whatever a learner's results hold (any size,
+   any nesting, a judge that runs too long or runs out of memory), the failure is that
+   learner's own: it never stops or changes the grading of another.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
 import os
 import re
+import resource
 import shutil
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks.common import Task, rng
-from .sandbox import Limits, Sandbox
+from .sandbox import Limits, Sandbox, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_NOTEBOOK_BYTES = 20 * 2**20
-MAX_RESULTS_BYTES = 200 * 2**20
+MAX_LINE_BYTES = 8 * 2**20          # one result line; a longer one is that check's error
+MAX_REASON_CHARS = 2000             # a feedback message (it may quote the learner's values)
 TEST_CELL = re.compile(r"^(?P<task>.+)_(?P<kind>visible|hidden)$")
-# Judges use torch's global state (seeds, default dtype, patched init functions in transformers): the sandboxes
-# of several learners run at once, but their results are judged one learner at a time.
-JUDGE_LOCK = threading.Lock()
+# Case generators may use torch's global state (seeds, default dtype): cases are drawn one learner at a time.
+# Judging runs in a process of its own per learner, so it needs no lock.
+CASES_LOCK = threading.Lock()
+# The judging processes are forked from a server started once, with torch and the checks' plumbing loaded
+# (cheap to fork, no grader threads or locks inherited).
+_JUDGES = multiprocessing.get_context("forkserver")
+_JUDGES.set_forkserver_preload(["torch", "autograder.checks.common"])
+
+
+@dataclass(frozen=True)
+class JudgeBudget:
+    """What judging one learner may take: seconds of wall time and bytes of address space."""
+    seconds: float = 600.0
+    memory_bytes: int = 8 * 2**30
+
+    def __post_init__(self):
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or self.seconds <= 0:
+            raise ValueError(f"seconds must be a positive number, got {self.seconds!r}")
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes < 2**28:
+            raise ValueError(f"memory_bytes must be an int of at least 256 MiB, got {self.memory_bytes!r}")
 
 
 class NotGradable(Exception):
@@ -149,22 +172,31 @@ def stage_course_code(dst: Path) -> Path:
 
 
 def python_binds() -> list[Path]:
-    """Folders the sandbox needs to run this Python with its packages (read-only)."""
+    """Folders the sandbox needs to run this Python with its packages (read-only): the interpreter's prefixes and
+    the package folders on sys.path (site-packages, dist-packages, eggs). Never the current folder, this course
+    or a folder that holds it, so `python -m autograder.grade` run from anywhere sees exactly what
+    `memlab-grade` sees."""
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for p in sys.path:
-        if p and Path(p).is_dir():
-            rp = Path(p).resolve()
-            if not any(rp == k or k in rp.parents for k in keep) and ROOT not in (rp, *rp.parents):
+        if not p or not Path(p).is_dir():
+            continue
+        rp = Path(p).resolve()
+        if any(rp == k or k in rp.parents for k in keep):
+            continue
+        if rp.name in ("site-packages", "dist-packages") or rp.suffix == ".egg":
+            if rp != ROOT and ROOT not in rp.parents and rp not in ROOT.parents:
                 keep.add(rp)
     keep.add(Path(os.path.realpath(sys.executable)).parent)
     return sorted(keep)
 
 
 def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sandbox | None = None,
-                   limits: Limits | None = None, case_timeout: float = 300) -> Graded:
+                   limits: Limits | None = None, case_timeout: float = 300,
+                   budget: JudgeBudget | None = None) -> Graded:
     """Grade one learner's notebook. Raises NotGradable for a file that is no notebook."""
     sandbox = sandbox or Sandbox()
     limits = limits or Limits()
+    budget = budget or JudgeBudget()
     learner = read_notebook(path)
     template = exercise.template
     tasks = exercise.tasks()
@@ -175,47 +207,117 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         if not m or m["task"] not in tasks:
             raise SystemExit(f"{exercise.name}: graded cell {gid!r} has no check in {exercise.module}.TASKS")
         task, hidden = tasks[m["task"]], m["kind"] == "hidden"
-        with JUDGE_LOCK:                   # case generators may use torch's global state too
+        with CASES_LOCK:                   # case generators may use torch's global state
             cases = task.cases(hidden, rng(hidden))
-        plan[gid] = (task, cases)
+        plan[gid] = (task.id, cases)
         probes += [{"key": f"{gid}/{i}", "task": task.id, "case": c} for i, c in enumerate(cases)]
     job = {"module": exercise.module, "cells": code_to_run(template, learner), "probes": probes,
            "case_timeout": case_timeout}
     graded = Graded()
     with tempfile.TemporaryDirectory(prefix="memlab-learner-") as tmp:
-        scratch = Path(tmp)
-        (scratch / "job.json").write_text(json.dumps(job))
+        job_dir = Path(tmp)
+        (job_dir / "job.json").write_text(json.dumps(job))
+        work = sandbox.workdir(job_dir)
         n = "1"     # one thread, as the judge uses: the same summation order on both sides
-        env = {"PYTHONPATH": str(stage), "HOME": str(scratch), "TMPDIR": "/tmp" if sandbox.bwrap else tmp,
-               "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(scratch / ".mpl"), "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "LANG": "C.UTF-8",
-               "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
-        argv = [sys.executable, "-m", "autograder.harness", str(scratch)]
-        out = sandbox.run(argv, scratch, [stage, *python_binds()], env, limits)
+        env = {"PYTHONPATH": str(stage), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+               "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+        argv = [sys.executable, "-m", "autograder.harness", str(job_dir)]
+        out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True)
         graded.seconds = out.seconds
-        results = _read_results(scratch / "results.jsonl")
-        graded.cell_errors = [f"{e.get('where')}: {e.get('error')}" for e in _read_lines(scratch / "cells.jsonl")
-                              if isinstance(e, dict)][:20]
+        results, cell_errors, dropped = read_channel(out.channel)
+        graded.cell_errors = [f"{e.get('where')}: {e.get('error')}"[:MAX_REASON_CHARS] for e in cell_errors][:20]
+        notes = []
         if out.timed_out:
-            graded.note = f"timed out after {limits.wall_s:g} s: checks that had not finished score 0"
+            notes.append(f"timed out after {limits.wall_s:g} s: checks that had not finished score 0")
         elif out.returncode not in (0, None) and len(results) < len(probes):
-            tail = out.stderr.read_text(errors="replace")[-600:] if out.stderr.exists() else ""
-            graded.note = f"the grading process ended early (exit code {out.returncode}) {tail.strip()[-300:]}"
-    with JUDGE_LOCK:
-        _judge_all(plan, points, results, graded)
+            notes.append(f"the grading process ended early (exit code {out.returncode}) "
+                         f"{tail(out.stderr, 600).strip()[-300:]}")
+        if out.channel_truncated or dropped:
+            notes.append(f"your notebook's results were too large or malformed ({dropped} line(s) unreadable"
+                         + (f", more than {limits.channel_bytes} bytes in all" if out.channel_truncated else "")
+                         + "): those checks score 0")
+        graded.note = "; ".join(notes) or None
+    judge_in_process(exercise.module, plan, points, results, graded, budget)
     return graded
 
 
-def _judge_all(plan: dict, points: dict, results: dict, graded: Graded) -> None:
-    """Judge with one CPU thread, as the learner's code ran: float reductions then add up in the same order on
-    both sides, so an optimizer that divides by tiny gradients (Adam) cannot amplify a summation-order difference."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def read_channel(data: bytes) -> tuple[dict[str, dict], list[dict], int]:
+    """The harness's lines: (key -> result line, cell errors, unreadable lines). A line that is too long, not
+    JSON, too deeply nested, or holds an integer too long to read is dropped and counted; a key written twice
+    is marked as tampered with."""
+    results: dict[str, dict] = {}
+    cells: list[dict] = []
+    dropped = 0
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_LINE_BYTES:
+            dropped += 1
+            continue
+        try:
+            r = json.loads(raw.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):          # ValueError covers JSONDecodeError and the int digits limit
+            dropped += 1
+            continue
+        if not isinstance(r, dict):
+            dropped += 1
+        elif isinstance(r.get("key"), str):
+            k = r["key"]
+            results[k] = {"error": "this check's result was written twice: results were tampered with"} \
+                if k in results else r
+        elif "cell" in r:
+            cells.append(r)
+        else:
+            dropped += 1
+    return results, cells, dropped
+
+
+def judge_in_process(module: str, plan: dict, points: dict, results: dict, graded: Graded,
+                     budget: JudgeBudget) -> None:
+    """Judge one learner's results in a process of its own within `budget`; fills graded.scores/reasons. If the
+    judging process runs out of time or memory, or dies, every test cell of this learner scores 0 with a note."""
+    recv, send = _JUDGES.Pipe(duplex=False)
+    proc = _JUDGES.Process(target=_judge_child, args=(send, module, plan, points, results, graded.note,
+                                                      budget.memory_bytes), daemon=True)
+    proc.start()
+    send.close()
+    got, late = None, False
     try:
-        _judge_cases(plan, points, results, graded)
+        if recv.poll(budget.seconds):
+            got = recv.recv()
+        else:
+            late = True
+    except (EOFError, OSError):
+        got = None
     finally:
-        torch.set_num_threads(threads)
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if isinstance(got, tuple) and len(got) == 2:
+        graded.scores, graded.reasons = got
+        return
+    why = (f"judging your results took longer than {budget.seconds:g} s" if late else
+           f"judging your results failed (exit code {proc.exitcode}: out of memory, or a crash)")
+    graded.scores = {gid: (0.0, points[gid]) for gid in plan}
+    graded.reasons = {gid: why + ": these checks score 0" for gid in plan}
+    graded.note = "; ".join(x for x in (graded.note, why) if x)
+
+
+def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, note: str | None,
+                 memory_bytes: int) -> None:
+    """In the judging process: judge every case with one CPU thread, as the learner's code ran (float reductions
+    then add up in the same order on both sides, so an optimizer that divides by tiny gradients cannot amplify
+    a summation-order difference)."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    import torch
+    torch.set_num_threads(1)
+    tasks = importlib.import_module(module).TASKS
+    graded = Graded(note=note)
+    _judge_cases({gid: (tasks[tid], cases) for gid, (tid, cases) in plan.items()}, points, results, graded)
+    conn.send((graded.scores, graded.reasons))
+    conn.close()
 
 
 def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> None:
@@ -227,7 +329,7 @@ def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> Non
                 why = redact(why)
             if why:
                 graded.scores[gid] = (0.0, points[gid])
-                graded.reasons[gid] = why
+                graded.reasons[gid] = why if len(why) <= MAX_REASON_CHARS else why[:MAX_REASON_CHARS] + " [...]"
                 break
 
 
@@ -238,29 +340,6 @@ _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)
 def redact(message: str) -> str:
     """A hidden check's message without the expected numbers (the inputs are drawn anew each run anyway)."""
     return _EXPECTED.sub(lambda m: f"{m[1]}{m[2]}[hidden]", message)
-
-
-def _read_lines(path: Path) -> list:
-    if not path.exists() or path.stat().st_size > MAX_RESULTS_BYTES:
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def _read_results(path: Path) -> dict[str, dict]:
-    """key -> result line; a key written twice is marked as tampered with."""
-    seen: dict[str, dict] = {}
-    for r in _read_lines(path):
-        if not isinstance(r, dict) or not isinstance(r.get("key"), str):
-            continue
-        k = r["key"]
-        seen[k] = {"error": "this check's result was written twice: results were tampered with"} if k in seen else r
-    return seen
 
 
 def _judge(task: Task, case, result: dict | None, note: str | None) -> str | None:
@@ -280,6 +359,8 @@ def _judge(task: Task, case, result: dict | None, note: str | None) -> str | Non
         task.judge(case, result["value"])
     except AssertionError as e:
         return str(e) or "wrong result"
+    except MemoryError:
+        return "judging your result ran out of the judge's memory budget (is it far larger than the task asks?)"
     except Exception as e:  # a malformed value the judge could not read
         return f"your result could not be checked ({type(e).__name__}: {str(e)[:300]})"
     return None

@@ -1,0 +1,160 @@
+"""One learner can never affect another: what comes back from a sandbox is read within bounds, judging runs in a
+process of its own within a time and memory budget, the learner's writable space is bounded, and the class run
+takes only safe, link-free entries. (The whole pipeline against hostile notebooks: test_trusted_grading.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import grade, sandbox, trusted
+from autograder.trusted import Graded, JudgeBudget, judge_in_process, read_channel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def need_bwrap() -> None:
+    if sandbox.Sandbox().bwrap:
+        return
+    msg = "bubblewrap is not installed (apt-get install bubblewrap)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{msg}; CI must test the sandboxed path")
+    pytest.skip(msg)
+
+
+# ----------------------------------------------------------------------------- reading the channel
+def test_channel_lines_that_cannot_be_read_are_dropped_and_counted():
+    deep = b'{"key": "a/0", "value": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    huge_int = b'{"key": "b/0", "value": ' + b"9" * 5000 + b"}"
+    lines = [b'{"key": "ok/0", "value": 3}', deep, huge_int, b"not json", b"[1, 2]", b'{"no": "key"}',
+             b'{"key": "' + b"x" * (trusted.MAX_LINE_BYTES + 1) + b'"}', b'{"cell": 2, "where": "s", "error": "E"}',
+             b'{"key": "twice/0", "value": 1}', b'{"key": "twice/0", "value": 2}']
+    results, cells, dropped = read_channel(b"\n".join(lines))
+    assert results["ok/0"] == {"key": "ok/0", "value": 3}
+    assert "a/0" not in results and "b/0" not in results
+    assert "tampered" in results["twice/0"]["error"]
+    assert cells == [{"cell": 2, "where": "s", "error": "E"}]
+    assert dropped == 6
+
+
+# ----------------------------------------------------------------------------- judging in its own process
+def _plan(task_id):
+    return {f"{task_id}_visible": (task_id, [{"n": 1}])}
+
+
+@pytest.mark.parametrize("task_id,got,budget,want", [
+    ("right", 2, JudgeBudget(), None),
+    ("right", 5, JudgeBudget(), "should be 2"),
+    ("slow", 2, JudgeBudget(seconds=3), "took longer than 3 s"),
+    ("hog", 2, JudgeBudget(memory_bytes=2**31), "memory budget"),
+])
+def test_judging_is_bounded_per_learner(task_id, got, budget, want):
+    graded = Graded()
+    results = {f"{task_id}_visible/0": {"key": f"{task_id}_visible/0", "value": got}}
+    judge_in_process("_judge_fixtures", _plan(task_id), {f"{task_id}_visible": 1.0}, results, graded, budget)
+    if want is None:
+        assert graded.scores == {f"{task_id}_visible": (1.0, 1.0)} and graded.reasons == {}
+    else:
+        assert graded.scores == {f"{task_id}_visible": (0.0, 1.0)}
+        assert want in graded.reasons[f"{task_id}_visible"], graded.reasons
+
+
+def test_judge_budget_checks_its_inputs():
+    with pytest.raises(ValueError, match="seconds"):
+        JudgeBudget(seconds=0)
+    with pytest.raises(ValueError, match="memory_bytes"):
+        JudgeBudget(memory_bytes=True)
+
+
+# ----------------------------------------------------------------------------- the sandbox's bounds
+def _sandboxed(tmp_path, code: str, limits: sandbox.Limits):
+    box = sandbox.Sandbox()
+    job = tmp_path / "job"
+    job.mkdir()
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    return box.run([sys.executable, "-c", code], job, trusted.python_binds(), env, limits, channel=True), job
+
+
+def test_scratch_stdout_and_channel_are_bounded(tmp_path):
+    need_bwrap()
+    mib = 2**20
+    code = ("import os, sys\n"
+            "fd = int(os.environ['MEMLAB_CHANNEL_FD'])\n"
+            "os.write(fd, b'first line\\n')\n"
+            "try:\n"
+            "    with open('flood', 'wb') as f:\n"
+            "        for _ in range(64):\n"
+            "            f.write(b'x' * (1 << 20))\n"
+            "    os.write(fd, b'scratch: unbounded\\n')\n"
+            "except OSError as e:\n"
+            "    os.write(fd, b'scratch: full\\n')\n"
+            "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "try:\n"
+            "    for _ in range(64):\n"
+            "        sys.stdout.buffer.write(b'y' * (1 << 20)); sys.stdout.flush()\n"
+            "    os.write(fd, b'stdout: unbounded\\n')\n"
+            "except OSError:\n"
+            "    os.write(fd, b'stdout: capped\\n')\n"
+            "for _ in range(16):\n"
+            "    os.write(fd, b'z' * (1 << 20))\n")
+    limits = sandbox.Limits(wall_s=60, scratch_bytes=8 * mib, file_bytes=4 * mib, channel_bytes=2 * mib)
+    out, job = _sandboxed(tmp_path, code, limits)
+    lines = out.channel.split(b"\n")
+    assert lines[:3] == [b"first line", b"scratch: full", b"stdout: capped"], lines[:3]
+    assert out.channel_truncated and len(out.channel) == 2 * mib
+    assert (job / "stdout.txt").stat().st_size <= 4 * mib
+    assert not (job / "scratch").exists() and not (job / "flood").exists()   # the scratch was a tmpfs
+
+
+def test_the_job_folder_is_read_only_inside(tmp_path):
+    need_bwrap()
+    code = ("import os, pathlib\nfd = int(os.environ['MEMLAB_CHANNEL_FD'])\n"
+            "job = pathlib.Path(os.environ['JOB'])\n"
+            "try:\n    (job / 'job.json').write_text('forged')\n    os.write(fd, b'wrote')\n"
+            "except OSError:\n    os.write(fd, b'refused')\n")
+    box = sandbox.Sandbox()
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.json").write_text("{}")
+    out = box.run([sys.executable, "-c", code], job, trusted.python_binds(), {"JOB": str(job)},
+                  sandbox.Limits(wall_s=60), channel=True)
+    assert out.channel == b"refused" and (job / "job.json").read_text() == "{}"
+
+
+def test_limits_check_their_inputs():
+    for name in ("scratch_bytes", "file_bytes", "channel_bytes"):
+        with pytest.raises(ValueError, match=name):
+            sandbox.Limits(**{name: 1000})
+
+
+def test_binds_never_include_the_current_folder_or_the_course(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT.parent)
+    monkeypatch.setattr(sys, "path", [str(ROOT.parent), str(ROOT), "", *sys.path])
+    binds = trusted.python_binds()
+    for b in binds:
+        assert b not in (ROOT, ROOT.parent) and ROOT.parent not in b.parents or b.is_relative_to(Path(sys.prefix)) \
+            or b == Path(os.path.realpath(sys.executable)).parent, f"{b} would show the course to learners"
+    assert not any(b in (ROOT, ROOT.parent) for b in binds)
+
+
+# ----------------------------------------------------------------------------- which entries are learners
+def test_collect_skips_unsafe_names_and_anything_holding_a_link(tmp_path):
+    ex = grade.Exercise("99_drill", tmp_path / "release" / "99_drill.ipynb", "autograder.checks.ex99")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    nb = json.dumps({"cells": [], "nbformat": 4, "metadata": {}, "nbformat_minor": 4})
+    (subs / "alice.ipynb").write_text(nb)
+    (subs / "bob\n.ipynb").write_text(nb)                    # a newline at the end of the id
+    (subs / "carol").mkdir()
+    (subs / "carol" / "99_drill.ipynb").write_text(nb)
+    (subs / "mallory").mkdir()
+    (subs / "mallory" / "99_drill").symlink_to(subs / "carol")          # someone else's folder
+    (subs / "eve.ipynb").symlink_to(subs / "alice.ipynb")
+    found, failed, skipped = grade.collect(subs, ex)
+    assert set(found) == {"alice", "carol"} and not failed
+    assert set(skipped) == {repr("bob\n.ipynb"), "mallory", "eve.ipynb"}, skipped
+    assert "link" in skipped["mallory"] and "link" in skipped["eve.ipynb"]
