@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
+from autograder.checks.ex04.cases import CASES  # noqa: E402
 from memlab import clinic  # noqa: E402
 from memlab.core.models import GPT, GPTConfig  # noqa: E402
 
@@ -69,7 +70,7 @@ def clinic_table() -> list[str]:
     ns = fixed_scripts()
     rows = ["| script | GPU | version | outcome | steady-state peak | headroom | seconds |",
             "|---|---|---|---|---|---|---|"]
-    for task, case in clinic.CASES.items():
+    for task, case in CASES.items():
         gpu = memlab.VirtualGPU(case.gpu)
         for version, fn in (("as it came in", case.original), ("fixed", ns[case.fixed_name])):
             fits, peak, seconds, run = steady_peak(fn, gpu)

@@ -21,7 +21,7 @@ Prints markdown tables.
   ex07     exercise 07 task 7.4's recipe (NF4 projections, everything else and the LoRA adapters on all
            seven projections in bf16, no dropout): the activations memlab's tracker attributes in one
            step (kept at the end of the forward + one recomputed layer), as the grader measures them
-           (autograder/checks/ex07_refs.py: the tiny Llama on CPU tensors; 7B/13B on the virtual GPU from
+           (autograder/checks/ex07/refs.py: the tiny Llama on CPU tensors; 7B/13B on the virtual GPU from
            1- and 2-layer cuts, and once at full depth), against the task text's count.
 """
 
@@ -179,10 +179,10 @@ def _task74_count(cfg, r, batch, seq, ckpt):
 
 
 def bench_ex07() -> str:
-    from autograder.checks import ex07_refs as R
-    rows = [("tiny (grader's visible config)", R.TINY, 3, 2, 9, False), ("tiny (grader's visible config)", R.TINY, 3, 2, 9, True),
-            ("7B", R.LLAMA_7B, 16, 1, 2048, False), ("7B", R.LLAMA_7B, 16, 1, 2048, True),
-            ("13B", R.LLAMA_13B, 16, 1, 2048, True)]
+    from autograder.checks.ex07 import cases as C, refs as R
+    rows = [("tiny (grader's visible config)", C.TINY, 3, 2, 9, False), ("tiny (grader's visible config)", C.TINY, 3, 2, 9, True),
+            ("7B", C.LLAMA_7B, 16, 1, 2048, False), ("7B", C.LLAMA_7B, 16, 1, 2048, True),
+            ("13B", C.LLAMA_13B, 16, 1, 2048, True)]
     lines = ["### Exercise 07 task 7.4: activations of one QLoRA step, measured vs the task text\n",
              "| model | r | batch x seq | checkpointing | how measured | kept | recomputed | measured | task text "
              "| text - measured | CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|"]

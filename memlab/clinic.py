@@ -1,25 +1,22 @@
 """The OOM clinic of lesson and exercise 04: the models, the data, the four patients as they came in, and
-the recorder that watches what a script does (used by exercise 04's checks and by the benchmarks).
+`run_full_size`, the steady-state peak of a script on a virtual GPU (exercises 04 and 08, the benchmarks).
 
-The exercise notebook imports `build_gpt` and `random_tokens` (through autograder/checks/ex04.py), so
-the learner's scripts, the grader and benchmarks/bench_oom_clinic.py build exactly the same models. Each original script runs out of memory
-at full size on a named virtual GPU; at "tiny" size the same code runs on real CPU tensors. The
-originals are the grader's reference for the maths of each fix (they are the patients, not solutions).
+Exercise 04's notebook imports `MODELS`, `SEQ_LEN`, `build_gpt` and `random_tokens` from here, so the
+learner's scripts, the grader and benchmarks/bench_oom_clinic.py build exactly the same models. Each original
+script runs out of memory at full size on a named virtual GPU; at "tiny" size the same code runs on real CPU
+tensors. The originals are the grader's reference for the maths of each fix (they are the patients, not
+solutions); what each task asks of its fix lives with exercise 04's checks (autograder/checks/ex04/).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.optim.optimizer as _optimizer_module
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from .core.models import GPT, GPTConfig
 from .core.track import active_trackers, phase, watch
 
-__all__ = ["MODELS", "SEQ_LEN", "HEADROOM", "CASES", "Case", "build_gpt", "random_tokens", "run_full_size",
+__all__ = ["MODELS", "SEQ_LEN", "build_gpt", "random_tokens", "run_full_size", "steady_peak", "StepRecorder",
            "train_big_batch", "evaluate", "train_accumulated", "train_1b3"]
 
 # ----------------------------------------------------------------------------- the clinic kit
@@ -31,7 +28,6 @@ MODELS = {   # name -> {"full": real shapes, "tiny": a stand-in that runs on a C
                  "tiny": GPTConfig.tiny(n_layer=2, n_head=4, n_embd=64, vocab_size=64, block_size=32)},
 }
 SEQ_LEN = {"full": 1024, "tiny": 16}     # tokens per sequence
-HEADROOM = 512 * 2**20                   # left free for the CUDA context and allocator rounding (not modelled)
 
 
 def _check_size(size) -> str:
@@ -127,60 +123,23 @@ def train_1b3(size="full", data=None):
     return model
 
 
-@dataclass(frozen=True)
-class Case:
-    task: str
-    original: Callable
-    fixed_name: str          # the name of the learner's function
-    gpu: str                 # virtual GPU preset it must fit
-    model: str               # key of MODELS
-    rows: int                # sequences the script pushes through the model
-    trains: bool             # True: returns the model after one AdamW step; False: returns losses
-    hint_oom: str            # what to try when it still runs out
+# ----------------------------------------------------------------------------- the steady state of a script
+class StepRecorder:
+    """Global hooks on every optimizer step while active. Inside a memlab tracker (the virtual GPU) it notes
+    the peak reached before each step and the bytes of optimizer state after it: from the second step on,
+    that state is alive during forward and backward too."""
 
-
-CASES = {
-    "task4_1": Case("task4_1", train_big_batch, "train_big_batch_fixed", "T4-16GB", "gpt2-medium", 16, True,
-                    "A batch of 16 does not fit in one forward pass: split it into micro-batches and accumulate "
-                    "the gradients (dividing each micro-batch loss so the sum is the mean over all 16)."),
-    "task4_2": Case("task4_2", evaluate, "evaluate_fixed", "T4-16GB", "gpt2-medium", 48, False,
-                    "Evaluation needs no backward: run the forward passes under torch.no_grad() (or "
-                    "torch.inference_mode()) so autograd saves nothing."),
-    "task4_3": Case("task4_3", train_accumulated, "train_accumulated_fixed", "T4-16GB", "gpt2-small", 32, True,
-                    "Summing the micro-batch losses into one tensor keeps all four graphs alive until the single "
-                    "backward: call backward on each micro-batch's loss (divided by 4) as soon as it is computed."),
-    "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 1, True,
-                    "The OOM is in the optimizer step: AdamW creates its state there and, with foreach=True, "
-                    "also a temporary as large as all the parameters. Keep AdamW (and its maths): what does "
-                    "foreach=False change?"),
-}
-
-
-# ----------------------------------------------------------------------------- recording what a script does
-class _Recorder:
-    """Global hooks that watch every GPT forward and every optimizer step while active.
-
-    clone=False (full size, fake tensors): count only. clone=True (tiny): keep the
-    initial weights, and at each step the gradients and hyperparameters, by name.
-    Inside a memlab tracker (the virtual GPU) it also notes the peak reached
-    before each step and the bytes of optimizer state after it: from the second
-    step on, that state is alive during forward and backward too."""
-
-    def __init__(self, clone: bool):
-        self.clone = clone
-        self.rows = 0
-        self.configs: list[GPTConfig] = []
-        self.model: GPT | None = None
-        self.initial: list[tuple[str, torch.Tensor]] = []
-        self.steps: list[dict] = []
+    def __init__(self):
         self.pre_step_peak: list[int] = []
         self.state_bytes: list[int] = []
         self._handles = []
 
+    def _register(self) -> list:
+        return [_optimizer_module.register_optimizer_step_pre_hook(self._step),
+                _optimizer_module.register_optimizer_step_post_hook(self._after_step)]
+
     def __enter__(self):
-        self._handles = [register_module_forward_pre_hook(self._forward),
-                         _optimizer_module.register_optimizer_step_pre_hook(self._step),
-                         _optimizer_module.register_optimizer_step_post_hook(self._after_step)]
+        self._handles = self._register()
         return self
 
     def __exit__(self, *exc):
@@ -189,37 +148,7 @@ class _Recorder:
         self._handles = []
         return False
 
-    def _forward(self, module, args):
-        if not isinstance(module, GPT):
-            return None
-        if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1:
-            self.rows += int(args[0].shape[0])
-        if module.cfg not in self.configs:
-            self.configs.append(module.cfg)
-        if self.model is None:
-            self.model = module
-            if self.clone:
-                self.initial = [(n, p.detach().clone()) for n, p in module.named_parameters()]
-        return None
-
     def _step(self, opt, args, kwargs):
-        # parameters are matched by their position in model.named_parameters(), which wrapping blocks (e.g. for
-        # checkpointing) keeps, while it changes their names; the reference's names are used in messages
-        index = {}
-        if self.model is not None:
-            index = {id(p): (i, n) for i, (n, p) in enumerate(self.model.named_parameters())}
-        rec = {"optimizer": type(opt).__name__, "missing": [], "grads": {}, "hyper": {}}
-        for group in opt.param_groups:
-            hyper = {k: group.get(k) for k in ("lr", "betas", "eps", "weight_decay", "momentum", "amsgrad",
-                                               "maximize", "nesterov", "dampening")}
-            for p in group["params"]:
-                key = index.get(id(p), (f"?{len(rec['hyper'])}", "a parameter outside the model"))
-                rec["hyper"][key[0]] = hyper
-                if p.grad is None:
-                    rec["missing"].append(key[1])
-                elif self.clone:
-                    rec["grads"][key[0]] = p.grad.detach().clone()
-        self.steps.append(rec)
         if active_trackers():
             self.pre_step_peak.append(active_trackers()[-1].peak)
         return None
@@ -237,14 +166,13 @@ class _Recorder:
         return None
 
 
-
 def run_full_size(script, gpu):
     """Run a clinic script at full size on a virtual GPU, catching the OOM.
 
-    Returns (VirtualRun, steady-state peak in bytes, recorder). The steady state is the larger of this first
+    Returns (VirtualRun, steady-state peak in bytes, the StepRecorder). The steady state is the larger of this first
     step's peak and the peak reached before the optimizer step plus the optimizer state that step created:
     from the second step on, that state is alive before the step too. It does not rely on phase marks."""
-    rec = _Recorder(clone=False)
+    rec = StepRecorder()
     with rec:
         run = gpu.run(script, "full", catch_oom=True)
     return run, steady_peak(run.fits, run.peak, rec.pre_step_peak, rec.state_bytes), rec

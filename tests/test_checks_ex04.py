@@ -1,31 +1,20 @@
-"""Exercise 04's checks in-process (check(), no sandbox): the source notebook's solutions pass every task,
-the clinic's patients shown in the notebook are the grader's reference scripts, and the hidden cases of
-tasks 4.5 and 4.6 cover every branch in every draw. The plausible-wrong submissions of
-tests/submissions/ex04.py are graded through the class path only (tests/test_wrong_submissions.py): each
-costs several full-size virtual-GPU runs."""
+"""Exercise 04's own check tests (tests/test_checks.py runs every exercise's solution and wrong submissions):
+the clinic's patients shown in the notebook are the grader's reference scripts, each patient as it came in
+fails its check, and the hidden cases of tasks 4.5 and 4.6 cover every branch in every draw."""
 
 from __future__ import annotations
 
 import inspect
 import random
 
-import nbformat
 import pytest
 
-from _nb import ROOT, grade_id, is_solution, solution_namespace
+from memlab import clinic
+from _nb import grade_id, source_notebook
 from autograder.checks import ex04
 from autograder.checks.common import check
-from autograder.checks.ex04_tools import leak_cases, max_batch_cases, reference_max_batch
-
-SOURCE = ROOT / "solutions" / "04_oom_clinic" / "04_oom_clinic.ipynb"
-
-
-def _notebook():
-    return nbformat.read(SOURCE, as_version=4)
-
-
-def _namespace(replace: dict[str, str] | None = None) -> dict:
-    return solution_namespace(SOURCE, replace)
+from autograder.checks.ex04.cases import leak_cases, max_batch_cases
+from autograder.checks.ex04.refs import reference_max_batch
 
 
 def _check(task_id, ns, hidden):
@@ -33,32 +22,19 @@ def _check(task_id, ns, hidden):
     return check(task, hidden=hidden, **{n: ns[n] for n in task.names})
 
 
-def test_every_task_has_a_check():
-    ids = {grade_id(c) for c in _notebook().cells if is_solution(c)}
-    assert ids == set(ex04.TASKS)
-
-
 def test_patients_are_the_graders_references():
-    cells = {grade_id(c): c.source for c in _notebook().cells}
-    for gid, fn in [("task4_1_big_batch", ex04.train_big_batch), ("task4_2_eval_no_grad", ex04.evaluate),
-                    ("task4_3_accumulated_loss", ex04.train_accumulated),
-                    ("task4_4_optimizer_step", ex04.train_1b3)]:
+    cells = {grade_id(c): c.source for c in source_notebook("04_oom_clinic").cells}
+    for gid, fn in [("task4_1_big_batch", clinic.train_big_batch), ("task4_2_eval_no_grad", clinic.evaluate),
+                    ("task4_3_accumulated_loss", clinic.train_accumulated),
+                    ("task4_4_optimizer_step", clinic.train_1b3)]:
         assert inspect.getsource(fn).strip() in cells[f"{gid}_patient"], f"{gid}: the notebook shows another script"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task_id", sorted(ex04.TASKS))
-def test_reference_solutions_pass(task_id):
-    ns = _namespace()
-    for hidden in (False, True):
-        assert _check(task_id, ns, hidden)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("task_id,original", [("task4_1_big_batch", ex04.train_big_batch),
-                                              ("task4_2_eval_no_grad", ex04.evaluate),
-                                              ("task4_3_accumulated_loss", ex04.train_accumulated),
-                                              ("task4_4_optimizer_step", ex04.train_1b3)])
+@pytest.mark.parametrize("task_id,original", [("task4_1_big_batch", clinic.train_big_batch),
+                                              ("task4_2_eval_no_grad", clinic.evaluate),
+                                              ("task4_3_accumulated_loss", clinic.train_accumulated),
+                                              ("task4_4_optimizer_step", clinic.train_1b3)])
 def test_originals_fail_their_checks(task_id, original):
     """Each patient as it came in runs out of memory at full size: handing it back unchanged earns nothing."""
     with pytest.raises(AssertionError, match="still runs out of memory"):

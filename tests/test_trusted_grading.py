@@ -1,5 +1,5 @@
 """The grading pipeline against a hostile class: an adversarial corpus of submissions of the
-drill exercise (autograder/checks/ex99.py) graded in one class run beside an honest and a
+drill exercise (autograder/checks/ex99/) graded in one class run beside an honest and a
 blank learner. Every attack scores what it earned (0 for the hostile ones), the honest
 learner keeps full marks, the run ends within its limits, and the submissions, the course
 code and the other learners' records are untouched."""
@@ -221,7 +221,7 @@ def corpus_run(tmp_path_factory):
     sentinel.write_text("untouched")
     targets = {"solution": str(FIXTURE / A / f"{A}.ipynb"), "gradebook": str(course.db),
                "csv": str(course.root / "grades.csv"), "other_submission": str(subs / "honest.ipynb"),
-               "sentinel": str(sentinel), "checks": str(ROOT / "autograder" / "checks" / "ex99.py"),
+               "sentinel": str(sentinel), "checks": str(ROOT / "autograder" / "checks" / "ex99" / "__init__.py"),
                "port": listener.getsockname()[1]}
     entries = corpus(course, targets)
     for sid, (nb, _) in entries.items():

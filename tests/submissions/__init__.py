@@ -5,9 +5,8 @@ from __future__ import annotations
 
 def solution_cells(assignment: str) -> dict[str, str]:
     """grade_id -> the solution cell's code as a learner who solved it would leave it (markers gone)."""
-    from _nb import grade_id, is_solution, notebooks, solved_code
-    src, _ = notebooks(assignment)
-    return {grade_id(c): solved_code(c.source) for c in src.cells if is_solution(c)}
+    import _nb
+    return _nb.solution_cells(assignment)
 
 
 def edit(code: str, old: str, new: str) -> str:

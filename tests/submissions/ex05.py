@@ -46,10 +46,12 @@ WRONG = {
     return torch.exp(s - m) / l @ v, (m + torch.log(l)).squeeze(-1)'''},
                           "must_lose": ALL2, "must_keep": ALL1},
     # saves the probabilities for backward instead of recomputing them
-    "saves_probabilities": {"replace": {S3: edit(FLASH, "ctx.save_for_backward(q, k, v, out, lse)",
-                                                  "p = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) "
-                                                  "- lse[..., None])\n        ctx.save_for_backward(q, k, v, out, "
-                                                  "lse, p)")},
+    "saves_probabilities": {"replace": {S3: edit(edit(FLASH, "ctx.save_for_backward(q, k, v, out, lse)",
+                                                       "p = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) "
+                                                       "- lse[..., None])\n        ctx.save_for_backward(q, k, v, out, "
+                                                       "lse, p)"),
+                                                  "q, k, v, out, lse = ctx.saved_tensors",
+                                                  "q, k, v, out, lse, _p_all = ctx.saved_tensors")},
                             "must_lose": ALL3, "must_keep": ALL1 + ALL2},
     # a backward that builds the full score matrix
     "backward_full_matrix": {"replace": {S3: edit(FLASH, "        D = (dout * out).sum(dim=-1)",

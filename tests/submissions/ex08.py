@@ -60,7 +60,7 @@ def train_step(model, optimizer, x, y, plan):
 
 _SEARCH = '''
 def plan_for(problem):
-    B, L = problem["batch"], ex08.MODELS[problem["model"]]["full"].n_layer
+    B, L = problem["batch"], kit.MODELS[problem["model"]]["full"].n_layer
     for n in range(1, B + 1):
         for k in {ks}:
             for mb in {mbs}:
@@ -76,7 +76,7 @@ def _fits(test):
     return f'''
 def fits(problem, plan):
     gpu = memlab.VirtualGPU(problem["gpu"])
-    run, steady, _ = run_full_size(ex08.make_step(problem, plan, train_step), gpu)
+    run, steady, _ = run_full_size(kit.make_step(problem, plan, train_step), gpu)
     return {test}
 ''' + _SEARCH.format(ks="range(L + 1)", mbs="range(B, 0, -1)", opt="fused")
 
@@ -90,7 +90,7 @@ _NO_HEADROOM = _fits("run.fits and steady <= gpu.capacity")
 _GOOD_FITS = '''
 def fits(problem, plan):
     gpu = memlab.VirtualGPU(problem["gpu"])
-    run, steady, _ = run_full_size(ex08.make_step(problem, plan, train_step), gpu)
+    run, steady, _ = run_full_size(kit.make_step(problem, plan, train_step), gpu)
     return run.fits and steady <= gpu.capacity * (1 - problem["headroom"])
 '''
 
@@ -134,7 +134,7 @@ RIGHT = {
     # less recomputation first, then fewer micro-batches: another plan that nothing beats on both counts
     "recompute_least_first": {"replace": {"task8_2_make_it_fit": _GOOD_FITS + '''
 def plan_for(problem):
-    B, L = problem["batch"], ex08.MODELS[problem["model"]]["full"].n_layer
+    B, L = problem["batch"], kit.MODELS[problem["model"]]["full"].n_layer
     for k in range(L + 1):
         for n in range(1, B + 1):
             for mb in [m for m in range(B, 0, -1) if -(-B // m) == n]:

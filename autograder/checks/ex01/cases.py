@@ -1,0 +1,147 @@
+"""Exercise 01's cases, and what both sides rebuild from a case: the models, optimizers and batches (from
+the case's seed and sizes) and the parameter fingerprint that shows two training runs agree."""
+
+from __future__ import annotations
+
+import torch
+
+import memlab
+
+PHASES = ("forward", "backward", "step")
+CATEGORY_KEYS = ("parameters", "gradients", "optimizer", "activations")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64, "int64": torch.int64,
+          "int8": torch.int8}
+
+
+# ----------------------------------------------------------------------------- what both sides rebuild from a case
+def _fingerprint(tensors) -> list:
+    """Per tensor: [sum, sum of |x|, sum of x * w] in float64, w a fixed random vector."""
+    out = []
+    for i, t in enumerate(tensors):
+        t = t.detach().double().flatten()
+        w = torch.randn(t.numel(), generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64)
+        out.append([float(t.sum()), float(t.abs().sum()), float((t * w).sum())])
+    return out
+
+
+class _Flat(torch.nn.Module):
+    """A GPT whose model(x) returns logits flattened for cross_entropy."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, idx):
+        return self.m(idx).flatten(0, 1)
+
+
+def _make_opt(name, model):
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3)
+    if name == "momentum":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _phase_setup(case):
+    """(model, optimizer, x, y, description) rebuilt from the case, the same on both sides."""
+    torch.manual_seed(case["seed"])
+    g = torch.Generator().manual_seed(case["seed"])
+    if case["kind"] == "gpt":
+        n_layer, n_embd, vocab, B, T = case["dims"]
+        cfg = memlab.GPTConfig.tiny(n_layer=n_layer, n_embd=n_embd, n_head=2, vocab_size=vocab, block_size=64)
+        model = _Flat(memlab.GPT(cfg))
+        x = torch.randint(0, vocab, (B, T), generator=g)
+        y = torch.randint(0, vocab, (B, T), generator=g).flatten()
+        desc = f"GPT(n_layer={n_layer}, n_embd={n_embd}), batch {B}x{T}"
+    else:
+        dims, B = case["dims"], case["B"]
+        model = memlab.MLP(*dims)
+        x = torch.randn(B, dims[0], generator=g)
+        y = torch.randint(0, dims[3], (B,), generator=g)
+        desc = f"MLP{tuple(dims)}, batch {B}"
+    return model, _make_opt(case["opt"], model), x, y, f"{desc}, {case['opt']}"
+
+
+def _saved_setup(case):
+    torch.manual_seed(case["seed"])
+    model = memlab.MLP(*case["dims"], act=case["act"])
+    x = torch.randn(case["B"], case["dims"][0], generator=torch.Generator().manual_seed(case["seed"]))
+    return model, x
+
+
+def _breakdown_setup(case):
+    torch.manual_seed(case["seed"])
+    model = memlab.MLP(*case["dims"], act=case["act"])
+    opt = _make_opt(case["opt"], model)
+    g = torch.Generator().manual_seed(case["seed"])
+    x = torch.randn(case["B"], case["dims"][0], generator=g)
+    y = torch.randint(0, case["dims"][3], (case["B"],), generator=g)
+    return model, opt, x, y
+
+
+# ----------------------------------------------------------------------------- task1_1
+def _live_cases(hidden, r):
+    if not hidden:
+        return [{"n1": 1000, "dtype": "float32", "sort_n": 300, "stream": []}]
+    stream, live = [], []
+    first = ["float32", "float16", "int8"]
+    r.shuffle(first)                                # every itemsize in every run
+    for i in range(40):
+        if live and i >= 3 and r.random() < 0.4:
+            stream.append(["free", live.pop(r.randrange(len(live)))])
+        else:
+            stream.append(["alloc", r.randrange(1, 4000), first[i] if i < 3 else r.choice(first)])
+            live.append(i)
+    return [{"n1": r.randrange(100, 5000), "dtype": r.choice(["float16", "float64", "int64"]),
+             "sort_n": r.randrange(1, 700), "stream": stream}]
+
+
+# ----------------------------------------------------------------------------- task1_2
+def _phase_cases(hidden, r):
+    if not hidden:
+        return [{"kind": "mlp", "dims": [64, 128, 2, 10], "B": 32, "opt": "adam", "seed": 12}]
+    mlp = lambda opt: {"kind": "mlp", "dims": [r.randint(16, 200), r.randint(32, 300), r.randint(1, 4),  # noqa: E731
+                                               r.randint(2, 20)], "B": r.randint(8, 300), "opt": opt,
+                       "seed": r.randrange(2**31)}
+    gpt = {"kind": "gpt", "dims": [r.randint(1, 2), 32 * r.randint(1, 3), r.choice([64, 128]), r.randint(2, 6),
+                                   r.choice([16, 32])], "opt": r.choice(["adam", "momentum"]),
+           "seed": r.randrange(2**31)}
+    return [mlp("adam"), mlp("momentum"), gpt]     # Adam's lazy state, SGD's momentum, a transformer
+
+
+# ----------------------------------------------------------------------------- task1_3
+def _saved_cases(hidden, r):
+    if not hidden:
+        return [{"act": a, "dims": [32, 64, 2, 10], "B": 16, "seed": 13} for a in ("relu", "gelu")]
+    depths = [1, r.randint(2, 4), r.randint(2, 4)]   # a single hidden layer in every run
+    r.shuffle(depths)
+    return [{"act": a, "dims": [r.randint(8, 200), r.randint(8, 300), d, r.randint(2, 30)], "B": r.randint(1, 200),
+             "seed": r.randrange(2**31)} for a, d in zip(("relu", "gelu", "tanh"), depths)]
+
+
+# ----------------------------------------------------------------------------- task1_4
+def _breakdown_cases(hidden, r):
+    if not hidden:
+        return [{"opt": "adam", "act": "relu", "dims": [64, 128, 2, 10], "B": 32, "seed": 14}]
+    acts = ["relu", "tanh", "gelu"]
+    r.shuffle(acts)                                  # each optimizer and each activation in every run
+    return [{"opt": o, "act": a, "dims": [r.randint(8, 200), r.randint(16, 300), r.randint(1, 4), r.randint(2, 20)],
+             "B": r.randint(4, 256), "seed": r.randrange(2**31)} for o, a in zip(("adam", "momentum", "sgd"), acts)]
+
+
+# ----------------------------------------------------------------------------- task1_5
+def _estimate_cases(hidden, r):
+    if not hidden:
+        return [[2048, 128, 256, 3, 10, "sgd", False], [16, 256, 512, 3, 10, "adam", False]]
+    # the first Adam step: activations dominate and Adam's state (which does not exist yet) would add over 20%
+    depth, width = r.randint(3, 4), r.randint(128, 256)
+    batch = round(r.uniform(4, 5.5) * width * (depth - 1) / (depth + 2))
+    return [  # activation-heavy SGD, SGD's first step, state-heavy steady Adam, activation-heavy first Adam step
+        [r.randint(1024, 3072), r.randint(64, 256), r.randint(128, 384), r.randint(2, 4), r.randint(2, 20), "sgd",
+         False],
+        [r.randint(256, 1024), r.randint(64, 256), r.randint(128, 384), r.randint(2, 4), r.randint(2, 20), "sgd",
+         True],
+        [r.randint(4, 32), r.randint(128, 512), r.randint(256, 512), r.randint(2, 4), r.randint(2, 20), "adam", False],
+        [batch, r.randint(32, 96), width, depth, r.randint(2, 20), "adam", True],
+    ]

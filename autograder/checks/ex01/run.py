@@ -1,0 +1,109 @@
+"""What runs in the learner's process for exercise 01: each task's `run`, with memlab.MemoryTracker switched
+off inside tasks 1.2-1.4, returning plain data (what the learner returned is described, never trusted)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common import forbid_memlab_tracker
+from .cases import DTYPES, _breakdown_setup, _fingerprint, _phase_setup, _saved_setup
+
+# ----------------------------------------------------------------------------- plain-data helpers
+def _as_int(v):
+    """What the learner returned, as plain data: an int stays an int; anything else is described."""
+    return v if type(v) is int else {"not_int": type(v).__name__, "repr": repr(v)[:80]}
+
+
+def _as_dict(d):
+    if type(d) is not dict:
+        return {"not_dict": type(d).__name__, "repr": repr(d)[:120]}
+    return {"items": {str(k): _as_int(v) for k, v in d.items()}}
+
+
+# ----------------------------------------------------------------------------- task1_1
+def _live_run(case, LiveBytes):
+    outside = torch.ones(1000)                       # made before the mode: never counted
+    to_sort = torch.rand(case["sort_n"])             # also made before the mode
+    try:
+        mode = LiveBytes()
+    except Exception as e:  # noqa: BLE001 - report any construction failure as a teaching message
+        return {"problem": f"LiveBytes() must construct with no arguments; it raised {type(e).__name__}: {e}"}
+    for attr in ("current", "peak"):
+        if not hasattr(mode, attr):
+            return {"problem": f"LiveBytes needs a `{attr}` attribute (bytes, an int)"}
+    seen = []
+
+    def note():
+        seen.append([_as_int(mode.current), _as_int(mode.peak)])
+
+    with mode:
+        note()                                                   # entering the mode
+        a = torch.zeros(case["n1"], dtype=DTYPES[case["dtype"]])  # a new storage
+        note()
+        v = a.view(-1, 1)[: case["n1"] // 2]                     # views share a's storage: nothing new
+        note()
+        a.add_(1)                                                # in place: nothing new
+        note()
+        b = outside * 2                                          # a new storage from an op on an outside tensor
+        note()
+        w = outside.view(10, 100)                                # views / in-place results / several views
+        outside.mul_(1)                                          # of an outside tensor: its storage existed
+        parts = outside.chunk(3)                                 # before the mode, so nothing new
+        note()
+        values, indices = torch.sort(to_sort)                    # one op, two new storages (float32, int64)
+        note()
+        del values, indices
+        note()
+        del w, parts
+        del a
+        note()                                                   # `del a` while a view of it is alive
+        del v
+        note()                                                   # its last view gone: the storage is freed
+        if not hasattr(mode, "reset_peak"):
+            return {"problem": "LiveBytes needs a reset_peak() method that sets peak to the current bytes"}
+        mode.reset_peak()
+        note()
+        del outside                                              # freeing something never counted
+        note()
+        live = {}
+        for i, op in enumerate(case["stream"]):                  # a stream of allocations and frees
+            if op[0] == "free":
+                del live[op[1]]
+            else:
+                live[i] = torch.empty(op[1], dtype=DTYPES[op[2]])
+            note()
+        del b
+    return seen
+
+
+# ----------------------------------------------------------------------------- task1_2
+def _phase_run(case, profile_phases):
+    model, opt, x, y, _ = _phase_setup(case)
+    steps = []
+    for _ in range(2):                               # the first step (lazy optimizer state) and a steady one
+        with forbid_memlab_tracker("task1_2"):
+            steps.append(_as_dict(profile_phases(model, opt, x, y)))
+    return {"steps": steps, "params": _fingerprint(model.parameters())}
+
+
+# ----------------------------------------------------------------------------- task1_3
+def _saved_run(case, saved_bytes_per_layer):
+    model, x = _saved_setup(case)
+    with forbid_memlab_tracker("task1_3"):
+        got = saved_bytes_per_layer(model, x)
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    return {"got": _as_dict(got), "hooks_left": hooks}
+
+
+# ----------------------------------------------------------------------------- task1_4
+def _breakdown_run(case, category_breakdown):
+    with forbid_memlab_tracker("task1_4"):
+        return _as_dict(category_breakdown(*_breakdown_setup(case)))
+
+
+# ----------------------------------------------------------------------------- task1_5
+def _estimate_run(case, estimate_peak_bytes):
+    got = estimate_peak_bytes(*case)
+    if type(got) is float and got.is_integer():
+        got = int(got)
+    return _as_int(got)

@@ -1,0 +1,29 @@
+"""Checks for exercise 03, "A loss scaler and an AMP step" (the contract: checks/common.py).
+
+- task3_1_loss_scaler: `run` drives the learner's DynamicLossScaler through a seeded fp16-autocast
+  training run (inf/NaN injected into chosen gradients, explicit unscale_ at chosen steps) and returns
+  per step the scale used, whether optimizer.step() ran, the scale after update() and a summary of the
+  gradients; `judge` drives `torch.amp.GradScaler("cpu")` through the same plan and compares.
+- task3_2_amp_step: `run` calls the learner's amp_step for a few steps; `judge` runs its own loop
+  (autograd.grad per micro-batch, accumulated by hand, an explicit clipping formula) with a real
+  GradScaler and compares losses, scales and the parameter updates.
+- task3_3_dtype_report: `judge` measures the same step with memlab.MemoryTracker, noting the dtype
+  of each storage when an op creates it (refs.py), and compares with the learner's report.
+Plans and cases: cases.py; what runs in the learner's process: run.py; references: refs.py; judges: judge.py.
+"""
+
+from __future__ import annotations
+
+from ..common import Task, tasks
+from .cases import amp_cases, report_cases, scaler_cases
+from .judge import amp_judge, report_judge, scaler_judge
+from .run import amp_run, report_run, scaler_run
+
+__all__ = ["TASKS"]
+
+
+TASKS = tasks(
+    Task("task3_1_loss_scaler", ("DynamicLossScaler",), scaler_cases, scaler_run, scaler_judge),
+    Task("task3_2_amp_step", ("amp_step",), amp_cases, amp_run, amp_judge),
+    Task("task3_3_dtype_report", ("dtype_report",), report_cases, report_run, report_judge),
+)

@@ -1,0 +1,139 @@
+"""Exercise 03's cases (plain data) and the inputs both sides rebuild from them. The plans of task3_1 are
+built with memlab.kit.ex03.make_plan, the format the notebook's driver (drive_scaler) reads.
+
+Hidden cases cover every branch of each task's spec in every run:
+- task3_1: one plan with a low scale (no natural overflow) laid out so that the scale grows after
+  growth_interval clean steps, backs off after an injected NaN that follows growth_interval - 1 clean
+  steps (a count that is not reset grows too early), grows again and twice more in a long clean tail;
+  one plan with a scale so high that the first steps overflow by themselves (skipped first step);
+  inf, -inf and NaN each injected, into several parameters; explicit unscale_ on a clean and on a
+  skipped step; unscale_ twice, and after step(), must raise.
+- task3_2: fp16 and bf16; one micro-batch and 2-4; clipping on and off; a first step that overflows.
+- task3_3: no autocast, fp16 and bf16 autocast; a bf16 model; Adam and SGD with momentum; MLP and GPT.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import memlab
+from memlab.kit.ex03 import VISIBLE_PLAN, make_plan
+
+CATEGORY_KEYS = ("parameters", "gradients", "optimizer", "activations")
+DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+N_PARAMS = 6                      # MLP(depth=2): three Linear layers, weight and bias each
+
+
+# ----------------------------------------------------------------------------- task3_1
+def _grow_and_back_off(r):
+    """Low scale, a layout that exercises growth, backoff and the reset of the clean-step count."""
+    g = r.randint(2, 5)
+    inj1 = g - 1                          # g - 1 clean steps, then a NaN: the count must restart at 0
+    inj2 = inj1 + g + 2                   # g + 1 clean steps: growth after exactly g of them
+    steps = inj2 + 1 + 2 * g + 1          # a clean tail long enough to grow twice
+    inject = [(inj1, "nan", r.randrange(N_PARAMS - 1), r.randrange(10**6)),
+              (inj2, "-inf", r.randrange(N_PARAMS - 1), r.randrange(10**6))]
+    explicit = {inj1 + 1, inj2, steps - 1}
+    return make_plan(r.randrange(2**31), dims=(r.randint(16, 48), r.randint(17, 80), 2, r.randint(3, 13)),
+                      batch=r.randint(5, 24), steps=steps, init_scale=2.0 ** r.randint(6, 10), growth_factor=4.0,
+                      backoff_factor=0.5, growth_interval=g, inject=inject, explicit=explicit)
+
+
+def _overflow_first(r):
+    """A scale so high that the first steps overflow in fp16 by themselves: skipped first step."""
+    steps = r.randint(12, 16)
+    inj = r.randint(6, steps - 2)
+    return make_plan(r.randrange(2**31), dims=(r.randint(16, 48), r.randint(17, 80), 2, r.randint(3, 13)),
+                      batch=r.randint(5, 24), steps=steps, x_scale=r.choice([0.5, 1.0, 2.0]),
+                      init_scale=2.0 ** r.randint(22, 24), growth_factor=2.0, backoff_factor=0.25,
+                      growth_interval=r.randint(2, 3), inject=[(inj, "inf", r.randrange(N_PARAMS), r.randrange(10**6))],
+                      explicit={0, inj, r.randrange(1, steps)})
+
+
+def scaler_cases(hidden, r):
+    guard = {"kind": "guard", "init_scale": 2.0 ** 10, "growth_factor": 2.0, "backoff_factor": 0.5,
+             "growth_interval": 5}
+    if not hidden:
+        return [VISIBLE_PLAN, guard]
+    return [_grow_and_back_off(r), _overflow_first(r), guard]
+
+
+# ----------------------------------------------------------------------------- task3_2
+def _amp(seed, *, kind="mlp", dtype="float16", micro=2, batch=8, steps=4, max_norm=None, init_scale=2.0 ** 16):
+    return {"seed": seed, "kind": kind, "dtype": dtype, "micro": micro, "batch": batch, "steps": steps,
+            "max_norm": max_norm, "init_scale": init_scale}
+
+
+def amp_cases(hidden, r):
+    if not hidden:
+        return [_amp(1, micro=2), _amp(2, micro=2, max_norm=0.05)]
+    s = lambda: r.randrange(2**31)  # noqa: E731
+    return [
+        _amp(s(), micro=r.randint(2, 4), batch=r.randint(3, 13), init_scale=2.0 ** r.randint(8, 14)),
+        _amp(s(), micro=1, batch=r.randint(3, 13), max_norm=r.choice([0.02, 0.05, 0.1]), steps=6,
+             init_scale=2.0 ** 21),                                            # the first steps overflow
+        _amp(s(), micro=3, batch=r.randint(3, 13), max_norm=r.choice([0.02, 0.05]), steps=5,
+             init_scale=2.0 ** r.randint(10, 14)),
+        _amp(s(), kind="gpt", dtype="bfloat16", micro=r.randint(2, 3), batch=r.randint(1, 3), max_norm=0.5,
+             steps=3),                                                         # bf16: fp16 is slow on CPUs
+        _amp(s(), dtype="bfloat16", micro=r.randint(2, 3), batch=r.randint(3, 13)),
+    ]
+
+
+def amp_setup(case):
+    """(model, optimizer, GradScaler, [[(x, y) per micro-batch] per step]) of a case."""
+    torch.manual_seed(case["seed"])
+    g = torch.Generator().manual_seed(case["seed"])
+    n, b = case["micro"], case["batch"]
+    if case["kind"] == "gpt":
+        model = memlab.GPT(memlab.GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+        batches = [[(torch.randint(0, 64, (b, 16), generator=g), torch.randint(0, 64, (b, 16), generator=g))
+                    for _ in range(n)] for _ in range(case["steps"])]
+    else:
+        model = memlab.MLP(24, 48, 2, 6)
+        batches = [[(torch.randn(b, 24, generator=g), torch.randint(0, 6, (b,), generator=g)) for _ in range(n)]
+                   for _ in range(case["steps"])]
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=case["init_scale"], growth_interval=2,
+                                  enabled=case["dtype"] == "float16")
+    return model, opt, scaler, batches
+
+
+# ----------------------------------------------------------------------------- task3_3
+def _report(seed, *, kind="mlp", dims=(64, 128, 2, 10), batch=32, dtype="float16", model_dtype="float32",
+            optimizer="adam"):
+    return {"seed": seed, "kind": kind, "dims": list(dims), "batch": batch, "dtype": dtype,
+            "model_dtype": model_dtype, "optimizer": optimizer}
+
+
+def report_cases(hidden, r):
+    if not hidden:
+        return [_report(0, dtype=None), _report(0, dtype="float16")]
+    s = lambda: r.randrange(2**31)  # noqa: E731
+    dims = lambda: (r.randint(8, 96), r.randint(9, 128), r.randint(1, 3), r.randint(2, 16))  # noqa: E731
+    return [
+        _report(s(), dims=dims(), batch=r.randint(3, 64), dtype="float16", optimizer="adam"),
+        _report(s(), dims=dims(), batch=r.randint(3, 64), dtype="bfloat16", optimizer="sgd"),
+        _report(s(), dims=dims(), batch=r.randint(3, 64), dtype=None, optimizer="sgd"),
+        _report(s(), dims=dims(), batch=r.randint(3, 64), dtype=None, model_dtype="bfloat16", optimizer="adam"),
+        _report(s(), kind="gpt", batch=r.randint(1, 4), dtype=None, optimizer="adam"),
+        _report(s(), kind="gpt", batch=r.randint(1, 4), dtype=r.choice(["float16", "bfloat16"]), optimizer="sgd"),
+    ]
+
+
+def build_report_case(case):
+    torch.manual_seed(case["seed"])
+    g = torch.Generator().manual_seed(case["seed"])
+    mdt = DTYPES[case["model_dtype"]]
+    if case["kind"] == "gpt":
+        model = memlab.GPT(memlab.GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
+        x = torch.randint(0, 64, (case["batch"], 16), generator=g)
+        y = torch.randint(0, 64, (case["batch"], 16), generator=g)
+    else:
+        model = memlab.MLP(*case["dims"])
+        x = torch.randn(case["batch"], case["dims"][0], generator=g).to(mdt)
+        y = torch.randint(0, case["dims"][3], (case["batch"],), generator=g)
+    model = model.to(mdt)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if case["optimizer"] == "adam" else \
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, opt, x, y

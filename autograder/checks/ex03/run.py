@@ -1,0 +1,99 @@
+"""Exercise 03: what runs in the learner's process. `run` builds each case's inputs, drives the learner's
+DynamicLossScaler, amp_step or dtype_report on them and returns plain data; it decides nothing."""
+
+from __future__ import annotations
+
+import torch
+
+import memlab
+from memlab.kit.ex03 import drive_scaler, summary
+
+from .cases import DTYPES, amp_setup, build_report_case
+
+
+# ----------------------------------------------------------------------------- task3_1
+_SCALER_METHODS = ("scale", "unscale_", "step", "update", "get_scale")
+
+
+def _make_scaler(cls, plan):
+    kwargs = {k: plan[k] for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")}
+    try:
+        s = cls(**kwargs)
+    except TypeError as e:
+        raise AssertionError(f"DynamicLossScaler must accept the keyword arguments init_scale, growth_factor, "
+                             f"backoff_factor and growth_interval (like torch.amp.GradScaler); it raised: {e}")
+    missing = [m for m in _SCALER_METHODS if not callable(getattr(s, m, None))]
+    if missing:
+        raise AssertionError(f"DynamicLossScaler is missing the method(s) {missing}; it needs "
+                             f"{list(_SCALER_METHODS)} with GradScaler's signatures")
+    return s
+
+
+def guard_probe(make) -> dict:
+    """Does unscale_ raise RuntimeError when called twice in an iteration, and after step()?"""
+    def raises(fn):
+        try:
+            fn()
+        except RuntimeError:
+            return True
+        except Exception as e:  # noqa: BLE001
+            return f"raised {type(e).__name__}, not RuntimeError"
+        return "did not raise"
+
+    torch.manual_seed(0)
+    model = memlab.MLP(8, 8, 1, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    s = make()
+    s.scale(model(x, y)).backward()
+    s.unscale_(opt)
+    second = raises(lambda: s.unscale_(opt))
+    opt.zero_grad(set_to_none=True)
+    s = make()
+    s.scale(model(x, y)).backward()
+    s.step(opt)
+    after = raises(lambda: s.unscale_(opt))
+    return {"second_unscale": second, "unscale_after_step": after}
+
+
+def scaler_run(case, DynamicLossScaler):
+    if case["kind"] == "guard":
+        return guard_probe(lambda: _make_scaler(DynamicLossScaler, case))
+    return drive_scaler(_make_scaler(DynamicLossScaler, case), case)
+
+
+# ----------------------------------------------------------------------------- task3_2
+def amp_run(case, amp_step):
+    model, opt, scaler, batches = amp_setup(case)
+    start = [p.detach().clone() for p in model.parameters()]
+    losses, scales, dtypes, left = [], [], set(), []
+    for micro in batches:
+        try:
+            out = amp_step(model, opt, scaler, micro, dtype=DTYPES[case["dtype"]], max_norm=case["max_norm"])
+        except Exception as e:  # noqa: BLE001 - the judge turns the learner's crash into a teaching message
+            return {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+        losses.append(float(out) if type(out) in (float, int) else f"a {type(out).__name__}")
+        scales.append(float(scaler.get_scale()))
+        dtypes |= {str(p.dtype).replace("torch.", "") for p in model.parameters()}
+        left += [n for n, p in model.named_parameters() if p.grad is not None and n not in left]
+    delta = torch.cat([(p.detach() - s).double().flatten() for p, s in zip(model.parameters(), start)])
+    return {"losses": losses, "scales": scales, "param_dtypes": sorted(dtypes), "grads_left": left,
+            "delta": delta.tolist()}
+
+
+# ----------------------------------------------------------------------------- task3_3
+def report_run(case, dtype_report):
+    model, opt, x, y = build_report_case(case)
+    got = dtype_report(model, opt, x, y, dtype=DTYPES[case["dtype"]])
+    if type(got) is not dict:
+        return {"shape": f"a {type(got).__name__}"}
+    report = {}
+    for k, row in got.items():
+        key = k if type(k) is str else f"!{k!r}"
+        if type(row) is not dict:
+            report[key] = f"a {type(row).__name__}"
+            continue
+        report[key] = {(str(d).replace("torch.", "") if isinstance(d, torch.dtype) else f"!{d!r}"):
+                       (n if type(n) is int else f"a {type(n).__name__}: {str(n)[:40]}") for d, n in row.items()}
+    return {"report": report, "params": summary(list(model.parameters()), 7)}
+

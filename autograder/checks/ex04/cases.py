@@ -1,0 +1,196 @@
+"""Exercise 04's cases (plain data), the grading spec of each clinic script, and the inputs both sides rebuild.
+
+- tasks 4.1-4.4: `CASES` says, per task, which patient of memlab/clinic.py it fixes, the name of the learner's
+  fix, the virtual GPU it must fit with `HEADROOM` to spare, the model, the sequences it processes, whether it
+  trains, and what to try when it still runs out. Each task has a "full" case (the script at full size on
+  the virtual GPU) and a "tiny" case (fresh random data on the tiny instance; hidden: a fresh seed).
+- task4_5: staircase steps whose answer is exactly chosen (only batch 1 fits, a power of two, one below and
+  one above one, anywhere, limit - 1, nothing fits, everything up to a limit that is or is not a power of
+  two) on preset and custom capacities, and a real training step on a T4 (visible).
+- task4_6: every leak (outputs, gradients, inputs, an evaluation with autograd on, a forward hook) and both
+  traps (AdamW's and SGD's state created in step 1), the shortest run included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+import memlab
+from memlab.clinic import evaluate, random_tokens, train_1b3, train_accumulated, train_big_batch
+
+from ..common import torch_seed
+
+HEADROOM = 512 * 2**20                   # left free for the CUDA context and allocator rounding (not modelled)
+
+
+@dataclass(frozen=True)
+class Case:
+    task: str
+    original: Callable
+    fixed_name: str          # the name of the learner's function
+    gpu: str                 # virtual GPU preset it must fit
+    model: str               # key of MODELS
+    rows: int                # sequences the script pushes through the model
+    trains: bool             # True: returns the model after one AdamW step; False: returns losses
+    hint_oom: str            # what to try when it still runs out
+
+
+CASES = {
+    "task4_1": Case("task4_1", train_big_batch, "train_big_batch_fixed", "T4-16GB", "gpt2-medium", 16, True,
+                    "A batch of 16 does not fit in one forward pass: split it into micro-batches and accumulate "
+                    "the gradients (dividing each micro-batch loss so the sum is the mean over all 16)."),
+    "task4_2": Case("task4_2", evaluate, "evaluate_fixed", "T4-16GB", "gpt2-medium", 48, False,
+                    "Evaluation needs no backward: run the forward passes under torch.no_grad() (or "
+                    "torch.inference_mode()) so autograd saves nothing."),
+    "task4_3": Case("task4_3", train_accumulated, "train_accumulated_fixed", "T4-16GB", "gpt2-small", 32, True,
+                    "Summing the micro-batch losses into one tensor keeps all four graphs alive until the single "
+                    "backward: call backward on each micro-batch's loss (divided by 4) as soon as it is computed."),
+    "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 1, True,
+                    "The OOM is in the optimizer step: AdamW creates its state there and, with foreach=True, "
+                    "also a temporary as large as all the parameters. Keep AdamW (and its maths): what does "
+                    "foreach=False change?"),
+}
+
+
+# ----------------------------------------------------------------------------- tasks 4.1-4.4
+def script_cases(task):
+    def cases(hidden, r):
+        if not hidden:
+            return [{"part": "full"}, {"part": "tiny", "seed": 401, "data_seed": 7}]
+        return [{"part": "full"}, {"part": "tiny", "seed": torch_seed(r), "data_seed": r.randrange(2**31)}]
+    return cases
+
+
+def tiny_data(case, c: Case):
+    return random_tokens(c.model, "tiny", c.rows, generator=torch.Generator().manual_seed(case["data_seed"]))
+
+
+# ----------------------------------------------------------------------------- task4_5
+ROUND = 512   # the virtual GPU rounds every storage up to 512 bytes, as the CUDA caching allocator does
+
+
+def round_up(n: int) -> int:
+    return -(-n // ROUND) * ROUND
+
+
+def case_gpu(case) -> memlab.VirtualGPU:
+    return memlab.VirtualGPU(case["gpu"]) if case.get("gpu") else memlab.VirtualGPU(capacity_gb=case["capacity_gb"])
+
+
+def _staircase(fixed_bytes: int, per_sample: int):
+    """A step whose memory is known exactly: a fixed buffer plus per_sample bytes per batch element."""
+    def step(batch):
+        state = torch.empty(fixed_bytes, dtype=torch.uint8)               # like model states
+        acts = torch.empty(per_sample * batch, dtype=torch.uint8)         # like activations
+        return state, acts
+    return step
+
+
+def _sequence_mlp_step(width):
+    """One AdamW step of a 2-layer MLP over (batch, 1024, width) activations: cheap on fake tensors."""
+    def step(batch):
+        model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                    torch.nn.Linear(4 * width, width))
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        memlab.watch(model, opt)
+        x = torch.randn(batch, 1024, width)
+        with memlab.phase("forward"):
+            loss = model(x).pow(2).mean()
+        with memlab.phase("backward"):
+            loss.backward()
+        with memlab.phase("step"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return step
+
+
+def case_step(case):
+    return _staircase(case["fixed"], case["per"]) if case["kind"] == "staircase" else _sequence_mlp_step(case["width"])
+
+
+def _stair(r, gpu, target, limit):
+    """A staircase whose answer is exactly `target`: room for target samples, not for target + 1."""
+    cap = case_gpu(gpu).capacity                                              # the preset as memlab defines it now
+    per = ROUND * r.randint(2, max(2, min(cap // ((target + 1) * ROUND), 2**21)))
+    slack = ROUND * r.randrange(0, per // ROUND - 1)                          # < per - 512
+    fixed_r = (cap - per * target - slack) // ROUND * ROUND                   # room in [per*target, per*(target+1))
+    fixed = max(0, fixed_r - r.randrange(ROUND))                              # rounds up to fixed_r
+    return {**gpu, "kind": "staircase", "fixed": fixed, "per": per, "limit": limit}
+
+
+def max_batch_cases(hidden, r):
+    if not hidden:
+        t4 = memlab.VirtualGPU("T4-16GB").capacity
+        return [{"gpu": "T4-16GB", "kind": "staircase", "fixed": 6 * 2**30, "per": 300 * 2**20, "limit": 4096},
+                {"gpu": "T4-16GB", "kind": "staircase", "fixed": t4 + 2**20, "per": 2**20, "limit": 4096},
+                {"gpu": "T4-16GB", "kind": "mlp", "width": 1024, "limit": 4096}]
+    gpus = [{"gpu": "T4-16GB"}, {"gpu": "L4-24GB"}, {"capacity_gb": r.choice([4, 8, 12])},
+            {"capacity_gb": r.choice([6.5, 40])}, {"gpu": "A100-40GB"}, {"capacity_gb": 16}]
+    r.shuffle(gpus)
+    k = r.randint(2, 8)
+    cases = [_stair(r, gpus[0], 1, r.choice([256, 1000])),                # only batch 1 fits
+             _stair(r, gpus[1], 2 ** k, 4096),                            # a power of two
+             _stair(r, gpus[2], 2 ** r.randint(2, 8) - 1, 5000),           # one below one
+             _stair(r, gpus[3], 2 ** r.randint(2, 8) + 1, 1000),           # one above one
+             _stair(r, gpus[4], r.randint(3, 999), 1000),                  # anywhere, limit not a power of two
+             _stair(r, gpus[5], 999, 1000)]                                # limit - 1
+    cap = memlab.VirtualGPU(capacity_gb=8).capacity
+    cases.append({"capacity_gb": 8, "kind": "staircase", "fixed": cap + r.randrange(1, 10**6), "per": 1000,
+                  "limit": 4096})                                          # nothing fits
+    for limit in (1000, 4096):                                            # everything up to the limit fits
+        cases.append({"capacity_gb": r.choice([8, 16]), "kind": "staircase", "fixed": r.randrange(0, 10**6),
+                      "per": r.randrange(1, 10**4), "limit": limit})
+    return cases
+
+
+# ----------------------------------------------------------------------------- task4_6
+def leak_scenario(case):
+    """A fresh (step_fn, model, optimizer) whose training step leaks (or not) in a known way."""
+    kind, batch, width, d_in, seed = case["kind"], case["batch"], case["width"], case["d_in"], case["seed"]
+    torch.manual_seed(seed)
+    d_out = 10
+    model = memlab.MLP(d_in, width, 2, d_out)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if kind == "none_sgd" else \
+        torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kept = []
+    g = torch.Generator().manual_seed(seed)
+    xv, yv = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
+    if kind == "hook":
+        model.layers[1].register_forward_hook(lambda mod, inp, out: kept.append(out))   # (B, width) per step
+
+    def step():
+        x, y = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
+        with memlab.phase("forward"):
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+        with memlab.phase("backward"):
+            loss.backward()
+        if kind == "grads":
+            kept.append([p.grad for p in model.parameters()])             # keeps every step's gradients
+        with memlab.phase("step"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if kind == "outputs":
+            kept.append(out)                                              # keeps a (B, d_out) output per step
+        elif kind == "inputs":
+            kept.append(x)                                                # keeps each input batch
+        elif kind == "eval":
+            with memlab.phase("forward"):                                 # evaluation with autograd on
+                kept.append(model(xv, yv))
+
+    return step, model, opt
+
+
+def leak_cases(hidden, r):
+    if not hidden:
+        return [{"kind": k, "batch": 16, "width": 64, "d_in": 32, "seed": s, "n_steps": 5}
+                for k, s in (("outputs", 1), ("none_adam", 2))]
+    kinds = ["outputs", "grads", "inputs", "eval", "hook", "none_adam", "none_sgd"]   # every leak, both traps
+    r.shuffle(kinds)
+    steps = [3] + [r.randint(3, 5) for _ in kinds[1:]]                   # the shortest run included
+    return [{"kind": k, "batch": r.randint(2, 64), "width": r.randint(8, 128), "d_in": r.randint(4, 64),
+             "seed": r.randrange(2**31), "n_steps": n} for k, n in zip(kinds, steps)]
+

@@ -1,0 +1,26 @@
+"""Checks for exercise 05: attention in O(T) memory.
+
+References are naive: `torch.softmax` for the online softmax, and a plain einsum
+attention (`naive_attention` in refs.py, the whole T_q x T_k matrix) with autograd for the
+tiled forward, its logsumexp and its gradients. What a task must not allocate is
+measured in the learner's process by `LargestOutput` (the largest tensor any aten op
+produces) and the saved-for-backward tensors by `saved_tensors_hooks`.
+Cases: cases.py; what runs in the learner's process: run.py; references: refs.py; judges: judge.py.
+"""
+
+from __future__ import annotations
+
+from ..common import Task, tasks
+from .cases import attn_cases, flash_cases, softmax_cases
+from .judge import flash_judge, softmax_judge, tiled_judge
+from .run import flash_run, softmax_run, tiled_run
+
+__all__ = ["TASKS"]
+
+
+TASKS = tasks(
+    Task("task5_1_online_softmax", ("online_softmax",), softmax_cases, softmax_run, softmax_judge),
+    Task("task5_2_tiled_attention", ("tiled_attention",), attn_cases, tiled_run, tiled_judge),
+    Task("task5_3_flash_function", ("FlashAttention",), flash_cases, flash_run, flash_judge),
+)
+

@@ -1,0 +1,96 @@
+"""Exercise 05's judges: each compares what `run` returned with a naive reference computed here (refs.py)
+and raises AssertionError with a teaching message."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..common import allclose, expect_type
+from .cases import qkv, softmax_input
+from .refs import naive_attention
+
+
+# ----------------------------------------------------------------------------- task 5.1: online softmax
+def softmax_judge(case, got):
+    expect_type("result", got, dict)
+    if got["ops"]:
+        raise AssertionError(f"online_softmax called {got['ops']}: compute the running max and sum yourself")
+    assert got["dtype"] == "torch.float32", f"online_softmax returned {got['dtype']} for a float32 input"
+    want = torch.softmax(softmax_input(case).double(), dim=-1)
+    try:
+        allclose("online_softmax(x, block)", got["out"], want, rtol=1e-4, atol=1e-6)
+    except AssertionError as e:
+        hint = (" When a later block has a larger max m_new, the running sum must be rescaled: "
+                "l = l * exp(m_old - m_new) + sum(exp(x_block - m_new)).") if case["rising"] else ""
+        hint += " Rows are not a whole number of blocks: is the last, partial block included?" \
+            if case["n"] % case["block"] else ""
+        raise AssertionError(f"{e} [{case['rows']} rows of {case['n']}, block {case['block']}]{hint}") from None
+
+
+# ----------------------------------------------------------------------------- task 5.2 and 5.3: attention
+def _no_full_matrix(case, largest):
+    lead = math.prod(case["lead"]) if case["lead"] else 1
+    full = lead * case["tq"] * case["tk"]
+    if largest * 2 >= full:
+        raise AssertionError(f"some operation produced a tensor of {largest} elements, at least half the "
+                             f"{full}-element score matrix (..., {case['tq']}, {case['tk']}): work tile by tile "
+                             f"(tile {case['tile']}) so no tensor holds all the scores")
+
+
+def _causal_hint(case):
+    return "" if not case.get("steep", True) else (
+        " (causal: mask the future keys with -inf BEFORE taking each tile's max; a row's masked scores "
+        "here are far larger than its visible ones)") if case["causal"] else ""
+
+
+def tiled_judge(case, got):
+    expect_type("result", got, dict)
+    if got["ops"]:
+        raise AssertionError(f"tiled_attention called {got['ops']}: the point is the online softmax over tiles")
+    out, lse = naive_attention(*[t.double() for t in qkv(case)], is_causal=case["causal"])
+    shape = f"q {case['lead'] + [case['tq'], case['d']]}, k/v {case['lead'] + [case['tk'], case['d']]}"
+    for name, g, w in (("out", got["out"], out), ("lse", got["lse"], lse)):
+        try:
+            allclose(name, g, w, rtol=1e-3, atol=1e-4)
+        except AssertionError as e:
+            raise AssertionError(f"{e} [{shape}, tile {case['tile']}, causal={case['causal']}]"
+                                 f"{_causal_hint(case)}") from None
+    _no_full_matrix(case, got["largest"])
+
+
+def flash_judge(case, got):
+    expect_type("result", got, dict)
+    if got["ops"]:
+        raise AssertionError(f"FlashAttention called {got['ops']}: use your online softmax over tiles")
+    q, k, v = [t.double().requires_grad_(True) for t in qkv(case)]
+    out, lse = naive_attention(q, k, v, is_causal=case["causal"])
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    out.backward(torch.randn(out.shape, generator=g).double())
+    allclose("FlashAttention output", got["out"], out.detach(), rtol=1e-3, atol=1e-4)
+    for name, gg, t in zip(("dq", "dk", "dv"), got["grads"], (q, k, v)):
+        if gg is None:
+            raise AssertionError(f"{name} is None: backward must return a gradient for q, k and v "
+                                 f"(and None for is_causal)")
+        try:
+            allclose(name, gg, t.grad, rtol=2e-3, atol=2e-4)
+        except AssertionError as e:
+            raise AssertionError(f"{e} [causal={case['causal']}]. Recompute each tile's probabilities "
+                                 f"P = exp(S - lse) from the saved logsumexp; dS = P * (dP - D) with "
+                                 f"D = rowsum(dO * O).{_causal_hint(case)}") from None
+    lead = case["lead"]
+    allowed = [lead + [case["tq"], case["d"]], lead + [case["tk"], case["d"]], lead + [case["tq"]]]
+    extra = [s for s in got["saved"] if s not in allowed]
+    if extra or len(got["saved"]) != 5:
+        raise AssertionError(f"forward saved tensors of shapes {got['saved']}; save exactly q, k, v, the output "
+                             f"and the logsumexp {lead + [case['tq']]} with ctx.save_for_backward, and recompute "
+                             f"the probabilities in backward")
+    _no_full_matrix(case, got["largest"])
+    if case.get("growth"):
+        p1, p2 = (expect_type("peak", p, int) for p in got["peaks"])
+        # linear terms double with T, T x T terms quadruple; at these sizes a kept score matrix gives > 3x
+        assert p2 <= 2.6 * p1, (f"the peak of forward + backward grew {p2 / p1:.2f}x when T doubled "
+                                f"({case['tq']} -> {2 * case['tq']}): O(T) memory grows about 2x. Something of "
+                                f"size T_q x T_k is alive during the step")
+

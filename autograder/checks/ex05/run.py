@@ -1,0 +1,94 @@
+"""Exercise 05: what runs in the learner's process. What a task must not allocate is measured here by
+`LargestOutput` (the largest tensor any aten op produces) and the saved-for-backward tensors by
+`saved_tensors_hooks`; `run` returns plain data and decides nothing."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import memlab
+
+from .cases import qkv, softmax_input
+
+SOFTMAX_LIKE = {"softmax", "log_softmax", "logsumexp", "_softmax", "_log_softmax", "scaled_dot_product_attention",
+                "_scaled_dot_product_flash_attention_for_cpu", "_safe_softmax"}
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the numel of the largest tensor any aten op returns, and the softmax-like ops called."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if name in SOFTMAX_LIKE:
+            self.ops.add(name)
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def _tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+# ----------------------------------------------------------------------------- task 5.1: online softmax
+def softmax_run(case, online_softmax):
+    x = softmax_input(case)
+    with LargestOutput() as mode:
+        out = _tensor("online_softmax(x, block)", online_softmax(x, case["block"]))
+    return {"out": out.tolist(), "dtype": str(out.dtype), "ops": sorted(mode.ops)}
+
+
+# ----------------------------------------------------------------------------- task 5.2 and 5.3: attention
+def tiled_run(case, tiled_attention):
+    q, k, v = qkv(case)
+    with LargestOutput() as mode:
+        res = tiled_attention(q, k, v, is_causal=case["causal"], tile=case["tile"])
+    if not (isinstance(res, tuple) and len(res) == 2):
+        raise TypeError(f"tiled_attention must return a tuple (out, lse), got {type(res).__name__}")
+    out, lse = _tensor("out", res[0]), _tensor("lse", res[1])
+    return {"out": out.tolist(), "lse": lse.tolist(), "largest": mode.largest, "ops": sorted(mode.ops)}
+
+
+def _peak_fwd_bwd(FlashAttention, case, t):
+    """Tracker peak of FlashAttention forward + backward at sequence length t (inputs made before tracking)."""
+    c = dict(case, tq=t, tk=t)
+    q, k, v = qkv(c, requires_grad=True)
+    tracker = memlab.MemoryTracker()
+    with tracker:
+        FlashAttention.apply(q, k, v, c["causal"]).sum().backward()
+    return tracker.peak
+
+
+def flash_run(case, FlashAttention):
+    if not (isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function)):
+        raise TypeError("FlashAttention must be a subclass of torch.autograd.Function")
+    q, k, v = qkv(case, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(list(t.shape))
+        return t
+
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    with LargestOutput() as mode:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = _tensor("FlashAttention.apply(...)", FlashAttention.apply(q, k, v, case["causal"]))
+        fwd_largest = mode.largest
+        dout = torch.randn(out.shape, generator=g)
+        out.backward(dout)
+    grads = [t.grad.tolist() if t.grad is not None else None for t in (q, k, v)]
+    peaks = [_peak_fwd_bwd(FlashAttention, case, t) for t in (case["tq"], 2 * case["tq"])] \
+        if case.get("growth") else None
+    return {"out": out.tolist(), "grads": grads, "saved": saved, "fwd_largest": fwd_largest,
+            "largest": mode.largest, "ops": sorted(mode.ops), "peaks": peaks}
+

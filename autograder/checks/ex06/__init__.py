@@ -1,0 +1,26 @@
+"""Checks for exercise 06: shard the optimizer (ZeRO-1 and ZeRO-2 by hand), and a per-rank memory estimator.
+
+Tasks 6.1 and 6.2 run the learner's optimizer on N forked gloo ranks (`memlab.kit.ex06.run_ranks`), a few steps
+of a small model (`memlab.kit.ex06.Net`) with different data on every rank. Each rank brings back plain data: its
+final parameters, the bytes of optimizer state it holds (the tensors in the `state` of every optimizer
+reachable from the learner's: its own and any inner one) and for which parameters, the parameters it still
+holds gradients for, and the bytes of each collective issued inside `step()` (memlab's CommCounter). The
+judge reruns the same model and data on ONE process with the unsharded torch.optim optimizer, averaging the
+N ranks' gradients, and compares (`refs.reference_run`). Task 6.3's reference is the per-rank bytes term by
+term over a largest-first greedy assignment computed with a heap (`refs.reference_rank_bytes`).
+"""
+
+from __future__ import annotations
+
+from ..common import Task, tasks
+from .cases import dp_cases, mem_cases
+from .judge import dp_judge, mem_judge, zero2_judge
+from .run import dp_run, mem_run
+
+TASKS = tasks(
+    Task("task6_1_sharded_optimizer", ("ShardedOptimizer",), dp_cases, dp_run("task6_1_sharded_optimizer",
+                                                                            "ShardedOptimizer"), dp_judge),
+    Task("task6_2_reduce_scatter", ("ZeRO2Optimizer",), dp_cases, dp_run("task6_2_reduce_scatter", "ZeRO2Optimizer"),
+         zero2_judge),
+    Task("task6_3_rank_memory", ("rank_memory",), mem_cases, mem_run, mem_judge),
+)

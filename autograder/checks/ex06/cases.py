@@ -1,0 +1,61 @@
+"""Exercise 06's cases: optimizer runs on N ranks (tasks 6.1 and 6.2) and uneven tensor sizes (task 6.3), and
+the byte layouts task 6.3 names."""
+
+from __future__ import annotations
+
+LAYOUTS = {   # bytes per element: weights, gradients, optimizer state (Rajbhandari et al. 2020, Sec. 3.1)
+    "bf16_adam": {"params": 2, "grads": 2, "optimizer": 4 + 4 + 4},      # fp32 master + momentum + variance
+    "fp32_adam": {"params": 4, "grads": 4, "optimizer": 4 + 4},          # momentum + variance
+}
+
+
+def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3):
+    depth = r.randint(3, 4)
+    h = r.randint(17, 29)
+    widths = [r.randint(4, 9)] + [h + r.randint(-2, 2) for _ in range(depth)]
+    if opt == "adamw":
+        kwargs = {"lr": r.choice([0.01, 0.02, 0.03]), "weight_decay": r.choice([0.05, 0.1, 0.2]),
+                  "betas": [0.9, r.choice([0.95, 0.99])]}
+    else:
+        kwargs = {"lr": r.choice([0.05, 0.1]), "momentum": r.choice([0.8, 0.9]),
+                  "weight_decay": r.choice([0.0, 0.01])}
+    return {"seed": r.randrange(2**31), "world": world, "widths": widths, "d_out": r.randint(2, 5),
+            "batch": r.randint(3, 6), "steps": steps, "opt": opt, "kwargs": kwargs, "groups": groups,
+            "bias_lr": round(kwargs["lr"] * r.choice([0.3, 0.5, 2.0]), 4), "frozen": frozen, "unused": unused,
+            "shared": shared}
+
+
+def dp_cases(hidden, r):
+    """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups, a frozen parameter,
+    an unused one, a shared one, two different world sizes among 2-4, sizes that do not divide evenly."""
+    if not hidden:
+        return [_case(r, 2, "adamw", groups=True, frozen=True, unused=True, shared=True, steps=2)]
+    n1, n2 = r.sample([2, 3, 4], 2)
+    return [_case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False),
+            _case(r, n2, "sgd", groups=r.random() < 0.5, frozen=r.random() < 0.5, unused=False, shared=True)]
+
+
+def _uneven(r, k):
+    """k tensor sizes far from equal: a few big matrices, odd biases, one tensor that may dwarf the rest."""
+    sizes = [r.randint(20, 90) * r.randint(20, 90) for _ in range(k)] + [r.randint(5, 300) for _ in range(k)]
+    if r.random() < 0.5:
+        sizes.append(r.randint(2, 4) * max(sizes))                   # an embedding larger than a fair share
+    r.shuffle(sizes)
+    return sizes
+
+
+def mem_cases(hidden, r):
+    if not hidden:
+        return [{"numels": [4096, 64, 4096, 64, 1000, 10, 50257], "stage": 2, "world": 4, "layout": "bf16_adam"}]
+    from .refs import reference_rank_bytes      # drawn in the trusted grader only: run.py never imports refs
+    layouts = ["bf16_adam", "fp32_adam", r.choice(list(LAYOUTS))]
+    out = []
+    for stage, layout in zip((1, 2, 3), layouts):
+        while True:
+            c = {"numels": _uneven(r, r.randint(3, 8)), "stage": stage, "world": r.randint(2, 8), "layout": layout}
+            ref = reference_rank_bytes(c["numels"], stage, c["world"], layout)
+            if ref["optimizer"] * c["world"] != LAYOUTS[layout]["optimizer"] * sum(c["numels"]):
+                break                                            # uneven: the largest rank holds more than 1/N
+        out.append(c)
+    out.append({"numels": _uneven(r, 3), "stage": 0, "world": r.randint(2, 8), "layout": r.choice(list(LAYOUTS))})
+    return out
