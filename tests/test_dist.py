@@ -278,14 +278,14 @@ def test_deepspeed_and_fsdp2_per_rank_bytes_and_comm():
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_training_script_runs_under_the_launchers(launcher):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    script = [str(ROOT / "memlab" / "zero_train.py"), "--framework", "deepspeed", "--stage", "2"]
+    script = [str(ROOT / "memlab" / "dist" / "zero_train.py"), "--framework", "deepspeed", "--stage", "2"]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script]
     else:
         exe = Path(sys.executable).parent / "deepspeed"
         if not exe.exists():
             pytest.skip("the deepspeed launcher is not installed next to this Python")
-        cmd = [str(exe), "--num_gpus", "2", "--master_port", str(dist._free_port()), *script]
+        cmd = [str(exe), "--num_gpus", "2", "--master_port", str(dist.ranks._free_port()), *script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]

@@ -202,3 +202,74 @@ def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
     assert bad.returncode == 2 and "--method" in bad.stderr
     bad = _cli("gpt2", "--batch", "4", "--micro-batch", "3")
     assert bad.returncode == 2 and "micro_batch" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- against a plain transformers step
+def _plain_step(cfg_dict, seq, method="full", checkpointing=False, warm=True):
+    """An independent reference: the model built the ordinary way (from_config, real CPU tensors, transformers'
+    own sdpa path and masks, peft's LoRA), one bf16 AdamW step, counted by memlab's tracker. The step runs once
+    untracked first: some libraries make a small object on first use that then lives on (peft on GPT-2's Conv1D
+    left 2,048 B in a cold process), which a training run pays once, not per step."""
+    from transformers import AutoModelForCausalLM
+    if warm:
+        _plain_step(cfg_dict, seq, method, checkpointing, warm=False)
+    cfg = load_config(cfg_dict)
+    trk = MemoryTracker(device="cpu", round_to=512)
+    with trk:
+        with memlab.phase("load"):
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(torch.bfloat16)
+            if method == "lora":
+                from peft import LoraConfig, get_peft_model
+                model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
+                                                         target_modules="all-linear", task_type="CAUSAL_LM"))
+            if checkpointing:
+                base = model.get_base_model() if method == "lora" else model
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+            memlab.watch(model, opt)
+        x = torch.randint(0, cfg.vocab_size, (1, seq))
+        with memlab.phase("forward"):
+            loss = model(input_ids=x, labels=x, use_cache=False).loss   # fit's (and Trainer recipes') choice
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss, x
+        with memlab.phase("step"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return trk
+
+
+FAMILIES = {
+    "llama": TINY,
+    "llama-tied": dict(TINY, tie_word_embeddings=True),                  # tied: one tensor, counted once
+    "mistral-window": dict(TINY, model_type="mistral", sliding_window=32),  # the window's mask is built
+    # dropout off: CUDA's native_dropout keeps a 1-byte mask, the CPU's a mask in the activations' dtype, so a
+    # CPU step is no reference for dropout (the virtual GPU is: it runs CUDA's kernels' shapes)
+    "gpt2": dict(model_type="gpt2", vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "qwen2": dict(TINY, model_type="qwen2"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("method,checkpointing", [("full", False), ("full", True), ("lora", False)])
+def test_fit_equals_a_plain_transformers_step(family, method, checkpointing):
+    seq = 128
+    trk = _plain_step(FAMILIES[family], seq, method, checkpointing)
+    r = memlab.fit(FAMILIES[family], 1, seq=seq, method=method, checkpointing="full" if checkpointing else "none")
+    assert r.peak == trk.peak, f"{family} {method}: fit {r.peak} vs a real step {trk.peak}"
+    assert r.by_category == trk.peak_breakdown
+    if method == "full":   # bf16, each tensor rounded to 512 bytes as the allocator and the tracker round
+        assert r.model_states["parameters"] == sum(-(-t.numel() * (2 if t.is_floating_point() and isinstance(
+            t, torch.nn.Parameter) else t.element_size()) // 512) * 512 for t in _unique_params(FAMILIES[family]))
+    for ph in ("forward", "backward", "step"):
+        assert r.by_phase[ph] == trk.phase_peaks[ph]["total"], ph
+
+
+def _unique_params(cfg_dict):
+    """The model's distinct parameters (a tied head is the embedding: one tensor)."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_config(cfg_dict))
+    return list(model.parameters()) + list(model.buffers())

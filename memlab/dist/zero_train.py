@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 
@@ -338,7 +339,9 @@ def main(argv=None):
         out = fsdp2_run(args.steps, reshard_after_forward=not args.no_reshard)
     else:
         out = deepspeed_run(args.stage, args.steps, offload=args.offload)
-    print(json.dumps(out), flush=True)
+    # one write per line: print() writes the text and the newline separately, and two ranks' lines can interleave
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 

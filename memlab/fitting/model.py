@@ -3,19 +3,20 @@ set up for full, LoRA or QLoRA fine-tuning, with its optimizer, and one training
 
 The model is made on the meta device and then given storage on the current default device (inside
 `VirtualGPU.run` that is fake storage), as `memlab.llama.finetune_llama` does for Llama; this module
-does the same for any `AutoModelForCausalLM` config and reuses its pieces (`_swap_meta`, `_causal_sdpa`,
+does the same for any `AutoModelForCausalLM` config and reuses its pieces (`give_storage`,
 `memlab.quant.Linear4bitStandIn`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 
 import torch
 import torch.nn as nn
 
-from ..quant.llama import _causal_sdpa, _swap_meta, silence_libraries
+from ..quant.llama import give_storage, silence_libraries
 from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
 from ..core.virtual_gpu import cuda_autocast
@@ -173,7 +174,7 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     silence_libraries()
     from transformers import AutoModelForCausalLM
     cfg = copy.deepcopy(cfg)
-    cfg._attn_implementation = _causal_sdpa() if attention == "sdpa" else "eager"
+    cfg._attn_implementation = attention          # the model's own sdpa or eager path, its own masks
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
         layers = model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h
@@ -201,15 +202,11 @@ def materialise(model, method: str, dtype: torch.dtype, checkpointing: str):
     parameters in `dtype` (full) or fp32 adapters, frozen ones in `dtype` (fp32 outside the 4-bit layers
     for qlora); checkpointing "full" (every decoder layer) or "selective" (`selective_policy`)."""
     other = torch.float32 if method == "qlora" else dtype
-    for mname, m in model.named_modules():
+
+    def dtype_of(mname, p):
         adapter = ".lora_" in f".{mname}"
-        for pname, p in list(m._parameters.items()):
-            if p is not None and p.device.type == "meta":
-                _swap_meta(m, pname, torch.float32 if adapter else (p.dtype if not p.is_floating_point()
-                                                                    else other), adapter or method == "full")
-        for bname, b in list(m._buffers.items()):
-            if b is not None and b.device.type == "meta":
-                _swap_meta(m, bname, b.dtype, False, buffer=True)
+        return (torch.float32 if adapter else other), adapter or method == "full"
+    give_storage(model, dtype_of)
     if checkpointing != "none":
         kw = {"use_reentrant": False}
         if checkpointing == "selective":
@@ -247,6 +244,11 @@ def fit_step(model, info: dict, plan) -> dict:
     last token only, as generate() computes them). Phases: "forward", "backward", "step". Returns the
     model's info plus "states": parameters/gradients/optimizer bytes just after the optimizer step.
     `model` is a `skeleton` (each call needs a fresh one: it is given storage here)."""
+    with unpacked_sequences():
+        return _fit_step(model, info, plan)
+
+
+def _fit_step(model, info: dict, plan) -> dict:
     dtype = torch.float32 if plan.precision in ("fp32", "amp") else torch.bfloat16
     info = dict(info)
     with phase("load"):
@@ -282,6 +284,27 @@ def fit_step(model, info: dict, plan) -> dict:
                           if k in ("parameters", "gradients", "optimizer")} if trk else {}
         opt.zero_grad(set_to_none=True)
     return info
+
+
+@contextlib.contextmanager
+def unpacked_sequences():
+    """While the step runs: transformers' check for packed sequences (several sequences in one row, found from
+    position_ids) answers "none", as it does for the full, unpadded rows `fit` runs - with the same temporaries.
+    Without this, fake tensors look like a trace to transformers, which then assumes packing and builds a
+    (B, 1, T, T) mask that the real run never builds. Masks a real run does build (sliding windows, models that
+    always build one) are built as the model builds them."""
+    import transformers.masking_utils as mu
+    real = mu.find_packed_sequence_indices
+
+    def none_packed(position_ids):
+        first = position_ids[:, :1] - 1
+        (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+        return None
+    mu.find_packed_sequence_indices = none_packed
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = real
 
 
 class _null:

@@ -143,20 +143,52 @@ def _swap_meta(module: nn.Module, name: str, dtype: torch.dtype, trainable: bool
     new = torch.zeros(t.shape, dtype=dtype if t.is_floating_point() else t.dtype)
     if buffer:
         module._buffers[name] = new
-    else:   # assign directly: a meta Parameter cannot be swapped for a fake one through .to()
-        module._parameters[name] = nn.Parameter(new, requires_grad=trainable)
+        return new
+    # assign directly: a meta Parameter cannot be swapped for a fake one through .to()
+    module._parameters[name] = nn.Parameter(new, requires_grad=trainable)
+    return module._parameters[name]
+
+
+def give_storage(model: nn.Module, dtype_of) -> None:
+    """Swap every meta parameter and buffer of `model` for zeros on the current default device (fake tensors
+    inside `VirtualGPU.run`). dtype_of(module_name, meta_param) -> (dtype, trainable) for floating parameters;
+    integer ones keep their dtype. A parameter shared by two modules (an input embedding tied to the output
+    head) stays one tensor, as in the real model."""
+    swapped = {}
+    for mname, m in model.named_modules():
+        for pname, p in list(m._parameters.items()):
+            if p is None:
+                continue
+            if id(p) in swapped:
+                m._parameters[pname] = swapped[id(p)]
+            elif p.device.type == "meta":
+                dtype, trainable = dtype_of(mname, p)
+                swapped[id(p)] = _swap_meta(m, pname, dtype if p.is_floating_point() else p.dtype, trainable)
+        for bname, b in list(m._buffers.items()):
+            if b is not None and b.device.type == "meta":
+                _swap_meta(m, bname, b.dtype, False, buffer=True)
 
 
 def _causal_sdpa() -> str:
-    """transformers' sdpa attention, registered under a second name whose mask function
-    returns None, so sdpa runs with is_causal=True - what a real run without padding
-    does. (transformers treats fake tensors like a trace and would build a (B, 1, T, T)
-    mask instead.) Only for full, unpadded sequences."""
+    """transformers' sdpa attention, registered under a second name whose mask function builds only the masks a
+    real run without padding builds: none for plain causal attention (sdpa runs with is_causal=True), and the
+    (B, 1, T, T) boolean mask for a sliding window shorter than the sequence (Mistral, Gemma-2, Qwen2 with
+    use_sliding_window), as transformers' own sdpa_mask does. (transformers treats fake tensors like a trace
+    and would build a mask in every case.) Only for full, unpadded sequences."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
+
+    def mask(*args, **kwargs):
+        local = kwargs.get("local_size")
+        kv_length = kwargs.get("kv_length", args[2] if len(args) > 2 else None)
+        if local is None or kv_length is None or kv_length < local:
+            return None                      # what _ignore_causal_mask_sdpa decides for an unpadded batch
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
     AttentionInterface.register("memlab_causal_sdpa", sdpa_attention_forward)
-    AttentionMaskInterface.register("memlab_causal_sdpa", lambda *args, **kwargs: None)
+    AttentionMaskInterface.register("memlab_causal_sdpa", mask)
     return "memlab_causal_sdpa"
 
 
@@ -194,14 +226,10 @@ def finetune_llama(cfg, method: str = "qlora", *, r: int = 16, targets=PROJECTIO
             if method == "qlora" and cname in PROJECTIONS + ("base_layer",) and type(child) is nn.Linear:
                 setattr(m, cname, Linear4bitStandIn(child.in_features, child.out_features, compute_dtype=dtype,
                                                     quant_dtype=dtype, double_quant=double_quant))
-    for mname, m in model.named_modules():
+    def dtype_of(mname, p):
         adapter = ".lora_" in f".{mname}"
-        for pname, p in list(m._parameters.items()):
-            if p is not None and p.device.type == "meta":
-                _swap_meta(m, pname, torch.float32 if adapter else other, adapter or method == "full")
-        for bname, b in list(m._buffers.items()):
-            if b is not None and b.device.type == "meta":
-                _swap_meta(m, bname, b.dtype, False, buffer=True)
+        return (torch.float32 if adapter else other), adapter or method == "full"
+    give_storage(model, dtype_of)
     if checkpointing:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
