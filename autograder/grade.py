@@ -290,7 +290,8 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
                 if g.note:
                     res.notes[sid] = g.note
                 s, m = g.total
-                log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s)" + (f"  {g.note}" if g.note else ""))
+                note = f"  {g.note}" if g.note else ""
+                log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s){note}")
     if res.graded:
         fb = nbgrader(course, "generate_feedback", ex.name, "--force")
         if fb.returncode != 0:

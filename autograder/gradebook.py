@@ -62,7 +62,8 @@ def autograded_notebook(exercise: Exercise, learner: dict, graded: Graded) -> di
                 c["source"] = HIDDEN
             if gid in graded.reasons:
                 c["outputs"] = [{"output_type": "error", "ename": "AssertionError",
-                                 "evalue": graded.reasons[gid], "traceback": [f"AssertionError: {graded.reasons[gid]}"]}]
+                                 "evalue": graded.reasons[gid],
+                                 "traceback": [f"AssertionError: {graded.reasons[gid]}"]}]
             else:
                 c["outputs"] = [{"output_type": "stream", "name": "stdout", "text": f"passed: {score:g} / {pts:g}\n"}]
     if graded.note or graded.cell_errors:

@@ -180,7 +180,8 @@ def _task74_count(cfg, r, batch, seq, ckpt):
 
 def bench_ex07() -> str:
     from autograder.checks.ex07 import cases as C, refs as R
-    rows = [("tiny (grader's visible config)", C.TINY, 3, 2, 9, False), ("tiny (grader's visible config)", C.TINY, 3, 2, 9, True),
+    rows = [("tiny (grader's visible config)", C.TINY, 3, 2, 9, False),
+            ("tiny (grader's visible config)", C.TINY, 3, 2, 9, True),
             ("7B", C.LLAMA_7B, 16, 1, 2048, False), ("7B", C.LLAMA_7B, 16, 1, 2048, True),
             ("13B", C.LLAMA_13B, 16, 1, 2048, True)]
     lines = ["### Exercise 07 task 7.4: activations of one QLoRA step, measured vs the task text\n",

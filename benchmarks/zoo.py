@@ -27,7 +27,8 @@ ZOO = [
 def label(entry) -> str:
     kind, kw, opt, prec = entry
     if kind == "mlp":
-        shape = f"MLP {kw['d_in']}-{kw['width']}x{kw['depth']}-{kw['d_out']}{' gelu' if kw.get('act') == 'gelu' else ''}, B={kw['batch']}"
+        act = " gelu" if kw.get("act") == "gelu" else ""
+        shape = f"MLP {kw['d_in']}-{kw['width']}x{kw['depth']}-{kw['d_out']}{act}, B={kw['batch']}"
     else:
         c = kw["cfg"]
         shape = f"GPT L={c.n_layer} C={c.n_embd} V={c.vocab_size}, B={kw['batch']} T={kw['seq']}"

@@ -31,7 +31,8 @@ __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "M
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
            "naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status",
            "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn",
-           "fit", "fit_search", "FitResult", "fit_presets"]
+           "fit", "fit_search", "FitResult", "fit_presets",
+           "attention", "checkpointing", "clinic", "dist", "plot", "quant", "widgets"]
 __version__ = "0.1.0"
 
 # Module paths from before memlab was grouped by technique, kept so that notebooks written against them (a

@@ -160,7 +160,7 @@ def test_submission_cell(assignment, kind, name, cell, lose):
         where = " > ".join(f"{os.path.relpath(f.filename, ROOT) if os.sep in f.filename else f.filename}:{f.lineno}"
                            for f in frames[-3:])       # a notebook cell's frames are named by its grade id
         checks = str(ROOT / "autograder" / "checks")
-        kit_report = type(e).__module__.startswith("memlab.kit")       # e.g. RanksFailed: a rank of the learner's raised
+        kit_report = type(e).__module__.startswith("memlab.kit")   # e.g. RanksFailed: a learner's rank raised
         in_learner_code = any(os.sep not in f.filename for f in frames)   # raised while the learner's code ran
         assert kit_report or in_learner_code or (frames and not frames[-1].filename.startswith(checks)), (
             f"{name}: {cell}: the check itself raised {type(e).__name__} ({where}) instead of failing with an "

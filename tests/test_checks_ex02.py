@@ -40,5 +40,6 @@ def test_hidden_cases_cover_every_branch():
         assert any(len(c["m"]) == 1 for c in plan) and any(c["timed"] for c in plan)
         assert any(c["budget"] == ex02_refs.min_peak(c["m"]) for c in plan if len(c["m"]) <= 10)
         gpt = ex02.TASKS["task2_4_checkpointed_gpt"].cases(True, rng(True))
-        assert {c["cfg"]["pos"] for c in gpt} == {"learned", "rope"} and {c["cfg"]["attn"] for c in gpt} == {"sdpa", "math"}
+        assert {c["cfg"]["pos"] for c in gpt} == {"learned", "rope"}
+        assert {c["cfg"]["attn"] for c in gpt} == {"sdpa", "math"}
         assert any(c["cfg"]["dropout"] > 0 for c in gpt)

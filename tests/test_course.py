@@ -128,7 +128,8 @@ def test_sync_adds_new_files_and_never_overwrites_a_changed_one(tmp_path):
     second = course.sync_work(src, dest)
     assert (dest / "lessons" / "01_a.ipynb").read_text() == "my notes and outputs"
     assert second.kept == ["lessons/01_a.ipynb"]
-    assert second.updated == ["lessons/02_b.ipynb"] and (dest / "lessons" / "02_b.ipynb").read_text() == "course v2 of 02"
+    assert second.updated == ["lessons/02_b.ipynb"]
+    assert (dest / "lessons" / "02_b.ipynb").read_text() == "course v2 of 02"
     assert second.added == ["lessons/03_c.ipynb"] and (dest / "lessons" / "03_c.ipynb").read_text() == "course v1 of 03"
     assert any("01_a.ipynb" in line and "kept" in line for line in second.lines(dest))
 

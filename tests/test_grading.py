@@ -33,7 +33,8 @@ def test_learner_check_prints_the_table_and_the_reasons(tmp_path, capsys, monkey
     course = drill_course(tmp_path / "course")
     monkeypatch.setattr(grade, "RELEASE", course.release)
     nb = tmp_path / "my renamed copy.ipynb"
-    nb.write_text(json.dumps(make(course, softmax="def row_softmax(x):\n    return x.exp() / x.exp().sum(-1, keepdim=True)")))
+    softmax = "def row_softmax(x):\n    return x.exp() / x.exp().sum(-1, keepdim=True)"
+    nb.write_text(json.dumps(make(course, softmax=softmax)))
     with pytest.raises(SystemExit, match="pass -a ASSIGNMENT"):
         grade.check_notebook(nb, release=course.release)
     graded = grade.check_notebook(nb, A, release=course.release)

@@ -225,7 +225,8 @@ def test_7b_does_not_fit_an_a100_80gb_and_says_why():
 def test_estimate_within_2_percent_of_the_tracker(entry, first_step):
     measured, est, _ = zoo.measure(entry, first_step)
     err = (est.peak - measured) / measured
-    assert abs(err) < 0.02, f"{zoo.label(entry)}: predicted {est.peak}, measured {measured} ({100 * err:+.2f}%) {est.candidates}"
+    assert abs(err) < 0.02, \
+        f"{zoo.label(entry)}: predicted {est.peak}, measured {measured} ({100 * err:+.2f}%) {est.candidates}"
 
 
 def test_formulas_agree_with_their_sources():

@@ -265,8 +265,9 @@ def test_estimator_equals_fake_run_at_7b_shapes():
             with tr:
                 ids = torch.randint(0, cfg.vocab_size, (1, 128))
                 with memlab.phase("forward"):
-                    loss = m(input_ids=ids, labels=ids).loss
+                    loss = m(input_ids=ids, labels=ids).loss    # alive: what the backward would keep
                 acts = tr.breakdown()["activations"]
+                del loss
         est = QL.qlora_bytes(cfg, r=16, targets=QL.ATTENTION, seq=128, checkpointing=ckpt, lora_dropout=0.05,
                              mask_bytes=4)
         assert acts == est.activations

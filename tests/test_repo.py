@@ -43,7 +43,8 @@ def test_environment_yml_matches_pyproject():
     listed = [p for p in pip if not p.startswith("-")]        # "-e ." installs the course itself
     want = py["dependencies"] + _expand(py, "all")
     assert _names(listed) == _names(want), (
-        f"environment.yml pip packages {_names(listed)} differ from pyproject dependencies + extra 'all' {_names(want)}")
+        f"environment.yml pip packages {_names(listed)} differ from pyproject dependencies + extra 'all' "
+        f"{_names(want)}")
     gpu = py["optional-dependencies"]["gpu"]
     for pkg in gpu:
         assert f"# - {pkg}" in env, f"the GPU-only extra {pkg} should appear commented out in environment.yml"

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from autograder import grade, sandbox, trusted
@@ -110,7 +109,6 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
             c["id"] = f"cell-{i}"
             c["metadata"]["id"] = f"colab{i}"
 
-    pass_all = "import builtins\nbuiltins.print('')"
     return {
         "honest": (make(course), FULL),
         "blank": (make(course, None, None), 0),
@@ -147,7 +145,8 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
                                       " 'task99_2_row_softmax_visible', 'task99_2_row_softmax_hidden'):\n"
                                       "        open('results.jsonl', 'a').write(json.dumps({'key': f'{g}/{i}', "
                                       "'value': 0}) + '\\n')\n"
-                                      "def storage_bytes(s, d):\n    return 0", "def row_softmax(x):\n    return x"), 0),
+                                      "def storage_bytes(s, d):\n    return 0",
+                             "def row_softmax(x):\n    return x"), 0),
         # -- reading what it must not read
         "read_solutions": (make(course, f"src = open({t['solution']!r}).read()\n"
                                         f"exec(src)   # would define correct functions if the file could be read",
@@ -169,8 +168,8 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
         "kills_grader": (make(course, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", None), 0),
         "endless": (make(course, "while True:\n    pass"), 0),
         "detached": (make(course, "import subprocess, sys\n"
-                                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # memlab-orphan'],"
-                                  " start_new_session=True)\n"
+                                  "subprocess.Popen([sys.executable, '-c', "
+                                  "'import time; time.sleep(600)  # memlab-orphan'], start_new_session=True)\n"
                                   "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n"
                                   "    time.sleep(600)\n"
                                   "while True:\n    pass"), 0),
@@ -185,7 +184,8 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
         "noisy_but_right": (make(course, "import sys, warnings, logging\nwarnings.warn('a warning')\n"
                                          "print('to stderr', file=sys.stderr)\nlogging.getLogger().error('logged')\n"
                                          "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass\n" + STORAGE,
-                                 "import warnings\n" + SOFTMAX.replace("    z =", "    warnings.warn('noisy')\n    z =")),
+                                 "import warnings\n"
+                                 + SOFTMAX.replace("    z =", "    warnings.warn('noisy')\n    z =")),
                              FULL),
         "edited_locked_cells": (make(course, edit=edit_locked), FULL),
         "deleted_locked_cells": (make(course, edit=delete_locked), FULL),
@@ -288,7 +288,8 @@ def test_sandbox_sees_no_course_files_and_no_network(tmp_path):
     need_bwrap("the fallback is tested in test_fallback_warns")
     box = sandbox.Sandbox()
     probe = ("import os, socket, json\n"
-             f"seen = {{p: os.path.exists(p) for p in {[str(ROOT / 'solutions'), str(ROOT / 'autograder'), __file__]!r}}}\n"
+             f"seen = {{p: os.path.exists(p) for p in "
+             f"{[str(ROOT / 'solutions'), str(ROOT / 'autograder'), __file__]!r}}}\n"
              "seen['shadow'] = os.access('/etc/shadow', os.R_OK)\n"
              "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1); seen['net'] = True\n"
              "except OSError:\n    seen['net'] = False\n"

@@ -15,7 +15,7 @@ applied before the derived sizes (the MLP width) are computed, so
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn

@@ -110,8 +110,10 @@ class _CudaAutocastLists(TorchFunctionMode):
         if torch.is_autocast_enabled("cpu") and kwargs.get("dtype") is None:
             if name in CUDA_FP32_OPS or name in CUDA_LOW_OPS:
                 to = torch.float32 if name in CUDA_FP32_OPS else self.dtype
-                cast = (lambda t: t.to(to) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                        and t.dtype != torch.float64 else t)
+
+                def cast(t):
+                    return t.to(to) if isinstance(t, torch.Tensor) and t.is_floating_point() \
+                        and t.dtype != torch.float64 else t
                 args, kwargs = tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
         return func(*args, **kwargs)
 

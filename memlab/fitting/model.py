@@ -21,7 +21,7 @@ from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
 from ..core.virtual_gpu import cuda_autocast
 
-__all__ = ["AdamW8bitStandIn", "build_model", "cut_layers", "fit_step", "precision_dtype", "selective_policy"]
+__all__ = ["AdamW8bitStandIn", "cut_layers", "fit_step", "precision_dtype", "selective_policy"]
 
 
 # ----------------------------------------------------------------------------- the model's size and dtype

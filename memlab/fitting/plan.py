@@ -26,12 +26,10 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
-import torch
-import torch.nn as nn
 
-from ..core.track import CATEGORIES, active_trackers, format_bytes, phase, watch
+from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
 __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
@@ -164,7 +162,8 @@ class FitResult:
                  f"{', ' + p['optimizer'] + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"
                  f", batch {p['batch']}"
                  f"{' (micro-batch ' + str(p['micro_batch']) + ')' if p['micro_batch'] else ''} x seq {p['seq']}"
-                 f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
+                 f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}"
+                 f"{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
                  f"{', optimizer offloaded to CPU' if p['offload'] else ''}; "
                  f"{self.n_params / 1e9:.2f}B parameters, {self.trainable / 1e6:.1f}M trainable",
                  f"  {'category':<12} {'at peak':>11}     {'phase':<9} {'peak':>11}"]
@@ -178,7 +177,8 @@ class FitResult:
         c = self.cost
         if p["mode"] == "train":
             lines.append(f"  extra cost per step: recompute {c['recompute_flops'] / 1e12:.2f} TFLOP, offload "
-                         f"{format_bytes(c['offload_bytes'])} over PCIe, ZeRO/DP traffic {format_bytes(c['comm_bytes'])}"
+                         f"{format_bytes(c['offload_bytes'])} over PCIe, "
+                         f"ZeRO/DP traffic {format_bytes(c['comm_bytes'])}"
                          f" per rank, {c['steps_per_batch']} micro-batch(es)")
         return "\n".join(lines)
 

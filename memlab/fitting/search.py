@@ -64,10 +64,11 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
     then QLoRA (pass methods= to choose) - then fewer GPUs, then the lower extra_seconds.
     Pruning: each (method, optimizer) branch first runs its least-memory plan (full checkpointing,
-    micro-batch 1, every sharding) and is skipped if that does not fit; then the runs go from cheap to dear (checkpointing none -> selective -> full, micro-batch from
-    `batch` down); a branch stops at its first plan that fits, and a stronger checkpointing only tries
-    micro-batches larger than the largest that fitted with a weaker one. For mode="inference" the methods
-    are compared as they are (lora serves like full; qlora serves a 4-bit base).
+    micro-batch 1, every sharding) and is skipped if that does not fit; then the runs go from cheap to dear
+    (checkpointing none -> selective -> full, micro-batch from `batch` down); a branch stops at its first plan
+    that fits, and a stronger checkpointing only tries micro-batches larger than the largest that fitted with a
+    weaker one. For mode="inference" the methods are compared as they are (lora serves like full; qlora serves
+    a 4-bit base).
     Returns at most `limit` plans (an empty list: nothing searched fits).
     """
     pos_int("limit", limit)
@@ -152,7 +153,8 @@ def format_plans(plans: list[FitResult]) -> str:
     for i, r in enumerate(plans, 1):
         p = r.plan
         rows.append(f"{i:>2} {p['method']:<6} {p['optimizer']:<9} {p['checkpointing']:<9} "
-                    f"{p['micro_batch'] or p['batch']:>5} {p['gpus']:>4} {p['zero']:>4} {'yes' if p['offload'] else '-':>4} "
+                    f"{p['micro_batch'] or p['batch']:>5} {p['gpus']:>4} {p['zero']:>4} "
+                    f"{'yes' if p['offload'] else '-':>4} "
                     f"{format_bytes(r.peak):>11} {r.cost.get('extra_seconds', 0):>12.3f}")
     return "\n".join(rows)
 

@@ -29,7 +29,8 @@ __all__ = ["DIR", "SCHEMA", "NO_RECORDING", "Recording", "available", "load", "s
 
 DIR = Path(__file__).resolve().parent / "recordings"
 SCHEMA = 1
-NO_RECORDING = ("No GPU recording yet (memlab/hardware/recordings/ holds none): `python benchmarks/record_gpu.py` on a CUDA "
+NO_RECORDING = ("No GPU recording yet (memlab/hardware/recordings/ holds none): "
+                "`python benchmarks/record_gpu.py` on a CUDA "
                 "machine records these experiments there.")
 _META = ("gpu", "total_memory_bytes", "compute_capability", "driver", "cuda", "torch", "date", "command")
 
@@ -59,7 +60,8 @@ class Recording:
             raise ValueError(f"{path.name}: schema {data.get('schema')!r}, this memlab reads schema {SCHEMA}")
         missing = [k for k in _META if k not in data.get("meta", {})]
         if missing or not isinstance(data.get("experiments"), dict):
-            raise ValueError(f"{path.name}: not a recording of benchmarks/record_gpu.py (missing {missing or 'experiments'})")
+            raise ValueError(f"{path.name}: not a recording of benchmarks/record_gpu.py "
+                             f"(missing {missing or 'experiments'})")
         return cls(path, data["meta"], data["experiments"])
 
     @property

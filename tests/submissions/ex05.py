@@ -3,7 +3,7 @@ alternatives that must keep every point. Each is the solution with one mistake m
 
 from __future__ import annotations
 
-from . import both, edit, solution_cells
+from . import edit, solution_cells
 
 ASSIGNMENT = "05_efficient_attention"
 _CELLS = solution_cells(ASSIGNMENT)
