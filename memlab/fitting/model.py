@@ -162,6 +162,44 @@ def _linear_shape(m):
     return None
 
 
+def build_causal_lm(cfg, attention: str):
+    """transformers' AutoModelForCausalLM for `cfg` with the model's own attention path: `attention` ("sdpa" or
+    "eager"), or eager where the architecture has no sdpa path (Gemma-2 in transformers 5). Anything that is not
+    a causal language model here fails in one line naming the architecture and what is supported."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    kind = getattr(cfg, "model_type", "?")
+    for impl in dict.fromkeys((attention, "eager")):
+        cfg._attn_implementation = impl
+        try:
+            return AutoModelForCausalLM.from_config(cfg)
+        except ValueError as e:
+            if "attention implementation" in str(e) and impl != "eager":
+                continue                     # no sdpa path for this architecture: its eager one
+            if "Unrecognized configuration class" in str(e):
+                raise ValueError(f"model: {kind!r} is not a causal language model in transformers "
+                                 f"{transformers.__version__} (memlab.fit runs the AutoModelForCausalLM "
+                                 f"architectures: decoder-only models such as Llama, Mistral, Qwen, Gemma, Phi, GPT-2, "
+                                 f"Falcon, Mixtral; encoder-decoder models such as T5 and encoder-only "
+                                 f"classifiers are not supported yet)"
+                                 ) from None
+            raise ValueError(f"model: transformers could not build {kind!r} from this config: {e}") from None
+        except (KeyError, AttributeError, TypeError) as e:
+            raise ValueError(f"model: transformers could not build {kind!r} from this config "
+                             f"({type(e).__name__}: {e})") from None
+    raise AssertionError("not reached")
+
+
+def decoder_layers(model) -> nn.ModuleList:
+    """The model's stack of decoder layers, found generically: the ModuleList with num_hidden_layers entries."""
+    n = model.config.num_hidden_layers
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n]
+    if not stacks:
+        raise ValueError(f"model: no stack of {n} layers found in {type(model).__name__} (memlab.fit needs the "
+                         f"decoder layers as one nn.ModuleList, as transformers' decoder-only models have them)")
+    return stacks[0]
+
+
 def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     """The model on the meta device (shapes only; build it outside FakeTensorMode: some models make
     tensors in __init__), to be given storage by `materialise`. Returns (model, info):
@@ -172,12 +210,10 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     qlora: as lora, every adapted linear's base as an NF4 Linear4bitStandIn computing in `dtype`, the rest
     (embeddings, norms, head) in fp32 as peft.prepare_model_for_kbit_training leaves it."""
     silence_libraries()
-    from transformers import AutoModelForCausalLM
     cfg = copy.deepcopy(cfg)
-    cfg._attn_implementation = attention          # the model's own sdpa or eager path, its own masks
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
-        layers = model.base_model.layers if hasattr(model.base_model, "layers") else model.base_model.h
+        model = build_causal_lm(cfg, attention)
+        layers = decoder_layers(model)
         info = {"n_params": sum(p.numel() for p in model.parameters()),
                 "layer_params": sum(p.numel() for p in layers[0].parameters())}
         if method != "full":
@@ -225,8 +261,7 @@ def _nbytes(ps) -> int:
 def _sizes(model) -> dict:
     """Byte sizes ZeRO-3 and offload need: one decoder layer's tensors, the biggest single parameter, the
     trainable parameters' bytes and element size."""
-    n_layers = model.config.num_hidden_layers
-    layers = next(m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers)
+    layers = decoder_layers(model)
     params = list(model.parameters())
     train = [p for p in params if p.requires_grad]
     layer = list(layers[0].parameters()) + list(layers[0].buffers())

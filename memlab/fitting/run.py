@@ -77,8 +77,12 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
       stage >= 2   gradients -> ceil(x / N)
       stage 3      parameters -> ceil(x / N) plus the largest module gathered at a time (one decoder layer
                    or the biggest single tensor, e.g. the embedding), and in backward its gradients
-      offload      optimizer state and the step's scratch -> 0 (ZeRO-Offload: on the CPU); the GPU keeps
-                   the 16-bit weights and gradients
+      offload      ZeRO-Offload (Ren et al. 2021; DeepSpeed's cpu offload_optimizer): the optimizer state, the
+                   fp32 masters and the step run on the CPU, and each gradient leaves the GPU through the reduce
+                   bucket into the CPU's fp32 partition. The GPU keeps the 16-bit weights (its partition with
+                   stage 3) and the bucket: optimizer, step scratch and gradients -> 0, plus the bucket in
+                   backward and step. (DeepSpeed's estimator: 2 bytes per parameter on the GPU; lesson 06
+                   measures it.)
     The activations are untouched, and the moment of each phase's peak is taken to be unchanged."""
     from ..dist.zero_scale import DEEPSPEED_REDUCE_BUCKET
     N, s = plan.gpus, plan.zero
@@ -90,18 +94,20 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
     out = {}
     for ph, d in phases.items():
         d = dict(d)
-        if s >= 1:
-            d["optimizer"] = 0 if plan.offload else part(d["optimizer"])
+        in_bucket = bucket if ph in ("backward", "step") else 0
+        if plan.offload:
+            d["optimizer"] = 0
+            d["gradients"] = in_bucket
             if ph == "step":
-                d["temporaries"] = 0 if plan.offload else part(d["temporaries"])
-            if ph in ("backward", "step"):
-                d["gradients"] += bucket
-        if s >= 2:
-            d["gradients"] = part(d["gradients"] - (bucket if ph in ("backward", "step") else 0)) + \
-                (bucket if ph in ("backward", "step") else 0)
+                d["temporaries"] = 0
+        else:
+            d["optimizer"] = part(d["optimizer"])
+            if ph == "step":
+                d["temporaries"] = part(d["temporaries"])
+            d["gradients"] = (part(d["gradients"]) if s >= 2 else d["gradients"]) + in_bucket
         if s == 3:
             d["parameters"] = part(d["parameters"]) + (info["gather_bytes"] if ph in ("forward", "backward") else 0)
-            if ph == "backward":
+            if ph == "backward" and not plan.offload:
                 d["gradients"] += info["gather_grad_bytes"]
         d["total"] = sum(d[c] for c in CATEGORIES)
         out[ph] = d
@@ -116,8 +122,9 @@ def plan_cost(cfg, plan, info: dict) -> dict:
                        (QK^T and attention x V, counted without the causal half), times layers;
                        "selective" recomputes the attention core, the second term only (norms and elementwise
                        ops are not counted). tokens = batch * seq per optimizer step.
-      offload_bytes    bytes over PCIe: this rank's 16-bit gradients to the CPU and updated weights back
-                       (2 x its partition of the trainable parameters' bytes)
+      offload_bytes    bytes over PCIe per step: this rank's partition of the gradients to the CPU in fp32 (DeepSpeed
+                       casts them before the copy: 4 bytes per trainable parameter) and of the updated weights back
+                       in the weights' dtype (2 bytes in 16-bit), the 4 + 2 bytes per parameter lesson 06 measures
       comm_bytes       bytes each rank sends, ring collectives ((N - 1) / N of the volume): ZeRO 0-2 reduce
                        the gradients (reduce-scatter + all-gather = 2 x gradient bytes, the ZeRO paper's
                        2 Psi, section 7); ZeRO-3 adds a weight all-gather in the forward and one in the backward
@@ -133,7 +140,7 @@ def plan_cost(cfg, plan, info: dict) -> dict:
     flops = {"none": 0, "selective": L * attn, "full": L * (2 * info["layer_params"] * tokens + attn)}
     N = plan.gpus
     grads = info["trainable_bytes"]
-    offload = 2 * -(-grads // N) if plan.offload else 0
+    offload = (4 * -(-info["trainable"] // N) + -(-grads // N)) if plan.offload else 0
     ring = (N - 1) / N
     comm = 0 if N == 1 else int(ring * (2 * grads if plan.zero < 3 else grads + 2 * info["weight_bytes"]))
     return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,

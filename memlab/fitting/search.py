@@ -159,26 +159,48 @@ def format_plans(plans: list[FitResult]) -> str:
     return "\n".join(rows)
 
 
+HELP = {
+    "method": "full: train every weight; lora: frozen base + rank-r adapters (--lora-r); qlora: the same on a 4-bit "
+              "NF4 base",
+    "precision": "fp32: 4-byte weights, gradients, states; amp: fp32 weights, bf16 autocast; bf16: every state "
+                 "in bf16 (pure); mixed: bf16 weights and gradients + fp32 master weights (DeepSpeed's bf16)",
+    "optimizer": "adamw: torch AdamW (2 states per weight); adamw8bit: bitsandbytes' 8-bit states; sgd: no state",
+    "checkpointing": "none; selective: keep matmul outputs, recompute the rest of each layer; full: keep only "
+                     "each layer's input",
+    "mode": "train: one optimizer step; inference: a prefill of batch x seq tokens into a KV cache",
+    "attention": "sdpa: PyTorch's scaled_dot_product_attention (no T x T matrix kept); eager: the plain matmuls",
+}
+
+
 def main(argv=None) -> int:
-    """memlab-fit MODEL --gpu L4-24GB [options] [--search]"""
+    """memlab-fit MODEL --gpu L4-24GB [options] [--search | --no-search]"""
     ap = argparse.ArgumentParser(prog="memlab-fit", description="Will this model train (or serve) on this GPU, "
                                  "and what must I turn on? Runs one step on memlab's virtual GPU.")
     ap.add_argument("model", nargs="?", help="a preset (see --list), a path to a Hugging Face config.json")
     ap.add_argument("--list", action="store_true", help="list the shipped model presets and GPU presets, then exit")
-    ap.add_argument("--gpu", default="L4-24GB", help="a GPU preset (T4-16GB, L4-24GB, A100-80GB ...) or a "
-                    "capacity in GiB")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--gpu", default="L4-24GB", help="a GPU preset (T4-16GB, L4-24GB, A100-80GB ...: see --list) or "
+                    "a capacity in GiB (default L4-24GB)")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per optimizer step (default 1)")
+    ap.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512)")
     for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
-        ap.add_argument(f"--{opt}", choices=CHOICES[opt], default=dict(method="full", precision="bf16",
-                        optimizer="adamw", checkpointing="none", mode="train", attention="sdpa")[opt])
-    ap.add_argument("--zero", type=int, choices=CHOICES["zero"], default=0)
-    ap.add_argument("--gpus", type=int, default=1)
-    ap.add_argument("--micro-batch", type=int, default=None)
-    ap.add_argument("--offload", action="store_true")
-    ap.add_argument("--lora-r", type=int, default=16)
-    ap.add_argument("--headroom", type=float, default=0.05)
-    ap.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
+        default = dict(method="full", precision="bf16", optimizer="adamw", checkpointing="none", mode="train",
+                       attention="sdpa")[opt]
+        ap.add_argument(f"--{opt}", choices=CHOICES[opt], default=default, help=f"{HELP[opt]} (default {default})")
+    ap.add_argument("--zero", type=int, choices=CHOICES["zero"], default=0,
+                    help="ZeRO stage on --gpus data-parallel ranks: 1 shards optimizer states, 2 also gradients, "
+                         "3 also weights (default 0)")
+    ap.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="gradient accumulation: micro-batches of this many sequences (must divide --batch)")
+    ap.add_argument("--offload", action="store_true",
+                    help="ZeRO-Offload: optimizer states, fp32 masters and the step on the CPU (needs --zero >= 1)")
+    ap.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
+    ap.add_argument("--headroom", type=float, default=0.05,
+                    help="share of the GPU kept free for the CUDA context and fragmentation (default 0.05)")
+    search = ap.add_mutually_exclusive_group()
+    search.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
+    search.add_argument("--no-search", action="store_true",
+                        help="never search, even when the plan does not fit (a search runs many steps: minutes)")
     args = ap.parse_args(argv)
     if args.list:
         from ..core.virtual_gpu import PRESETS
@@ -198,12 +220,15 @@ def main(argv=None) -> int:
                 optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
                 mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
                 lora_r=args.lora_r, headroom=args.headroom)
-        print(r)
-        if args.search or not r.fits:
-            print("\ncheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
-            print(format_plans(fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
-                                          precision=args.precision, gpus=sorted({1, args.gpus}),
-                                          attention=args.attention, lora_r=args.lora_r, headroom=args.headroom)))
+        print(r, flush=True)
+        if args.search or (not r.fits and not args.no_search):
+            print(f"\nsearching the cheapest combinations that fit (each new step takes about {r.seconds:.0f} s "
+                  f"here; --no-search skips this)...", flush=True)
+            plans = fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
+                               precision=args.precision, gpus=sorted({1, args.gpus}), attention=args.attention,
+                               lora_r=args.lora_r, headroom=args.headroom)
+            print("cheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
+            print(format_plans(plans))
     except (ValueError, TypeError) as e:
         print(f"memlab-fit: error: {e}", file=sys.stderr)
         return 2
