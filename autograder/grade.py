@@ -183,6 +183,9 @@ def cmd_check(notebook: str, assignment: str | None, timeout: float) -> None:
     why = reasons(graded)
     if why:
         print("\n" + why)
+    if graded.flags:
+        print("\nFlagged for your instructor (code that tampers with how it is measured):\n"
+              + "\n".join(f"- {f}" for f in graded.flags))
 
 
 @dataclass
@@ -191,6 +194,7 @@ class ClassResult:
     failed: dict[str, str] = field(default_factory=dict)      # not graded at all, and why
     notes: dict[str, str] = field(default_factory=dict)       # graded, with a note (time-out, early exit)
     reasons: dict[str, dict[str, str]] = field(default_factory=dict)   # learner -> grade_id -> why points were lost
+    flags: dict[str, list[str]] = field(default_factory=dict)          # learner -> tampering patterns in its cells
     skipped: dict[str, str] = field(default_factory=dict)     # entries of the folder that are no learner
 
 
@@ -287,11 +291,15 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
                     log(f"[{i}/{len(futs)}] {sid:<24} NOT GRADED: {res.failed[sid]}")
                     continue
                 res.reasons[sid] = dict(g.reasons)
+                gradebook.record_flags(course, ex.name, sid, g.flags)     # [] clears an earlier run's flags
+                if g.flags:
+                    res.flags[sid] = list(g.flags)
                 if g.note:
                     res.notes[sid] = g.note
                 s, m = g.total
                 note = f"  {g.note}" if g.note else ""
-                log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s){note}")
+                flagged = f"  FLAGGED: {'; '.join(g.flags)}" if g.flags else ""
+                log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s){note}{flagged}")
     if res.graded:
         fb = nbgrader(course, "generate_feedback", ex.name, "--force")
         if fb.returncode != 0:

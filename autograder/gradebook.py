@@ -112,9 +112,30 @@ def scores(course, assignment: str, student: str) -> dict[str, tuple[float, floa
         return {g.name: (float(g.score), float(g.max_score)) for nb in sub.notebooks for g in nb.grades}
 
 
+def _flags_path(course) -> Path:
+    return course.root / "autograder" / "flags.json"
+
+
+def record_flags(course, assignment: str, student: str, flags: list[str]) -> None:
+    """Keep a learner's tampering flags beside the gradebook (autograder/flags.json), for grades.csv."""
+    path = _flags_path(course)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(assignment, {})[student] = list(flags)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+
+
 def export_csv(course, path: Path) -> int:
-    """grades.csv: one row per learner and assignment graded, a column per task. Returns the row count."""
+    """grades.csv: one row per learner and assignment graded, a column per task, the score, and `flags` (the
+    tampering patterns found in the learner's cells, '; '-separated; empty for most). Returns the row count."""
     from nbgrader.api import Gradebook
+    try:
+        flags = json.loads(_flags_path(course).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        flags = {}
     rows, task_cols = [], set()
     with Gradebook(course.db_url) as gb:
         for a in gb.assignments:
@@ -128,8 +149,9 @@ def export_csv(course, path: Path) -> int:
                         task_cols.add(col)
                 row["score"] = float(sub.score)
                 row["max_score"] = float(sub.max_score)
+                row["flags"] = "; ".join(flags.get(a.name, {}).get(sub.student.id, []))
                 rows.append(row)
-    cols = ["student", "assignment", *sorted(task_cols), "score", "max_score"]
+    cols = ["student", "assignment", *sorted(task_cols), "score", "max_score", "flags"]
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols, restval="")
         w.writeheader()

@@ -142,14 +142,45 @@ def code_to_run(template: dict, learner: dict) -> list[dict]:
         if m.get("solution"):
             out.append({"where": gid, "code": solutions.get(gid, "")})
         elif not m.get("grade"):
-            out.append({"where": gid or "locked cell", "code": cell_source(c)})
+            out.append({"where": gid or "locked cell", "code": cell_source(c), "locked": True})
         out += [{"where": "your own cell", "code": s} for s in extras.get(gid, [])]
     return out
+
+
+# Patterns in a learner's own code that tamper with how it is measured. They cannot all be prevented inside the
+# learner's process, so a cell that shows one is flagged for the instructor (grades.csv's flags column and the
+# class output), whatever it scored. autograder/README.md lists them with the risk that remains.
+TAMPERING = (
+    (re.compile(r"_pop_mode|_disable_current_modes|_set_dispatch_mode|_push_mode|_len_torch_dispatch_stack"),
+     "switches the grader's dispatch modes off"),
+    (re.compile(r"\bsys\.modules\b|\bimportlib\.reload\b"), "replaces modules (sys.modules)"),
+    (re.compile(r"\bsys\.(setprofile|settrace)\b|\bthreading\.setprofile\b"), "replaces the profiler hooks"),
+    (re.compile(r"\bctypes\b|\bcffi\b"), "calls C directly (ctypes)"),
+    (re.compile(r"\bgc\.(get_objects|get_referrers|get_referents)\b"), "walks the garbage collector's objects"),
+    (re.compile(r"/proc/self|MEMLAB_CHANNEL|\bos\.(write|dup2?|fdopen|open)\s*\("), "writes to file descriptors"),
+    (re.compile(r"\bautograder\b"), "reaches into the grader's modules"),
+    (re.compile(r"__globals__|__code__|__closure__|\bfunc_globals\b"), "rewrites functions' code or globals"),
+    (re.compile(r"\b(setattr|delattr)\s*\(\s*(memlab|torch|autograder|sys|builtins)\b"),
+     "patches a library or builtins"),
+)
+
+
+def tampering(cells: list[dict]) -> list[str]:
+    """The flags of the learner's own cells (solution cells and cells the learner added): 'cell: what'."""
+    out = []
+    for c in cells:
+        if c.get("locked"):
+            continue
+        for pattern, what in TAMPERING:
+            if pattern.search(c["code"]):
+                out.append(f"{c['where']}: {what}")
+    return sorted(set(out))
 
 
 @dataclass
 class Graded:
     scores: dict[str, tuple[float, float]] = field(default_factory=dict)   # grade_id -> (score, max)
+    flags: list[str] = field(default_factory=list)                         # tampering patterns in the learner's cells
     reasons: dict[str, str] = field(default_factory=dict)                  # grade_id -> why points were lost
     cell_errors: list[str] = field(default_factory=list)                   # errors raised by the learner's cells
     note: str | None = None                                                # the run as a whole (time-out ...)
@@ -160,14 +191,31 @@ class Graded:
         return sum(s for s, _ in self.scores.values()), sum(m for _, m in self.scores.values())
 
 
+# What an exercise's judge.py and refs.py become in the sandbox: the grader's references and judges never run
+# there, so a notebook cannot call them for its answers (any name is a function that refuses).
+SANDBOX_STUB = '''"""Not in the sandbox: the references and judges run only in the trusted grader."""
+
+
+def __getattr__(name):
+    def unavailable(*args, **kwargs):
+        raise RuntimeError(f"{name} is the grader's own code: it is not available to your notebook")
+    return unavailable
+'''
+
+
 def stage_course_code(dst: Path) -> Path:
-    """A copy of the code the sandbox may see: memlab and the grader's learner-side modules."""
+    """A copy of the code the sandbox may see: memlab and the grader's learner-side modules (each exercise's
+    cases and run; its judge.py and refs.py as stubs that refuse)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback")
     shutil.copytree(ROOT / "memlab", dst / "memlab", ignore=ignore)
     (dst / "autograder").mkdir(parents=True)
     for f in ("__init__.py", "harness.py"):
         shutil.copy(ROOT / "autograder" / f, dst / "autograder" / f)
     shutil.copytree(ROOT / "autograder" / "checks", dst / "autograder" / "checks", ignore=ignore)
+    for package in (dst / "autograder" / "checks").iterdir():
+        for f in ("judge.py", "refs.py"):
+            if (package / f).is_file():
+                (package / f).write_text(SANDBOX_STUB)
     return dst
 
 
@@ -211,9 +259,9 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
             cases = task.cases(hidden, rng(hidden))
         plan[gid] = (task.id, cases)
         probes += [{"key": f"{gid}/{i}", "task": task.id, "case": c} for i, c in enumerate(cases)]
-    job = {"module": exercise.module, "cells": code_to_run(template, learner), "probes": probes,
-           "case_timeout": case_timeout}
-    graded = Graded()
+    cells = code_to_run(template, learner)
+    job = {"module": exercise.module, "cells": cells, "probes": probes, "case_timeout": case_timeout}
+    graded = Graded(flags=tampering(cells))
     with tempfile.TemporaryDirectory(prefix="memlab-learner-") as tmp:
         job_dir = Path(tmp)
         (job_dir / "job.json").write_text(json.dumps(job))

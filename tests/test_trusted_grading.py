@@ -147,6 +147,10 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
                                       "'value': 0}) + '\\n')\n"
                                       "def storage_bytes(s, d):\n    return 0",
                              "def row_softmax(x):\n    return x"), 0),
+        "calls_references": (make(course, "from autograder.checks.ex99.refs import reference_bytes\n"
+                                          "def storage_bytes(s, d):\n"
+                                          "    return reference_bytes({'shape': list(s), 'dtype': str(d)[6:]})",
+                                  None), 0),
         # -- reading what it must not read
         "read_solutions": (make(course, f"src = open({t['solution']!r}).read()\n"
                                         f"exec(src)   # would define correct functions if the file could be read",
@@ -180,6 +184,24 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
                                    "def storage_bytes(s, d):\n    return 0", None), 0),
         "memory_bomb": (make(course, "hog = []\nfor _ in range(64):\n    hog.append(bytearray(2**28))\n"
                                      "def storage_bytes(s, d):\n    return 0", None), 0),
+        # -- flooding or forging what comes back: only the flooder's own row may change
+        "forged_channel": (make(course, "import os\n"
+                                        "deep = b'{\"key\": \"task99_1_storage_bytes_visible/0\", \"value\": ' "
+                                        "+ b'[' * 200000 + b']' * 200000 + b'}\\n'\n"
+                                        "huge = b'{\"key\": \"task99_1_storage_bytes_hidden/0\", \"value\": ' "
+                                        "+ b'9' * 6000 + b'}\\n'\n"
+                                        "for fd in os.listdir('/proc/self/fd'):\n"
+                                        "    try:\n"
+                                        "        if os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:'):\n"
+                                        "            os.write(int(fd), deep + huge + b'not json\\n')\n"
+                                        "    except OSError:\n"
+                                        "        pass\n"
+                                        "def storage_bytes(s, d):\n    return 0", None), 0),
+        "stderr_flood": (make(course, extra_before="import sys\nfor _ in range(200):\n"
+                                                    "    sys.stderr.write('x' * 2**20)\n"), FULL),
+        "scratch_flood": (make(course, extra_before="with open('flood', 'wb') as f:\n"
+                                                     "    for _ in range(2048):\n"
+                                                     "        f.write(b'x' * 2**20)\n"), FULL),
         # -- honest work in odd shapes: must keep every point
         "noisy_but_right": (make(course, "import sys, warnings, logging\nwarnings.warn('a warning')\n"
                                          "print('to stderr', file=sys.stderr)\nlogging.getLogger().error('logged')\n"
@@ -226,6 +248,10 @@ def corpus_run(tmp_path_factory):
     entries = corpus(course, targets)
     for sid, (nb, _) in entries.items():
         (subs / f"{sid}.ipynb").write_text(nb if isinstance(nb, str) else json.dumps(nb))
+    # entries that are no learner: a name ending in a newline, a folder holding a link to another's notebook
+    (subs / "newline\n.ipynb").write_text(json.dumps(make(course)))
+    (subs / "linker").mkdir()
+    (subs / "linker" / f"{A}.ipynb").symlink_to(subs / "honest.ipynb")
     before = _hashes(subs, ROOT / "autograder", ROOT / "memlab", FIXTURE)
     t0 = time.monotonic()
     log = []
@@ -247,6 +273,9 @@ def test_every_submission_scores_what_it_earned(corpus_run):
             wrong[sid] = (got, want, res.failed.get(sid) or res.notes.get(sid))
     assert not wrong, f"learner: (scored, should score, note): {wrong}\nlog: {corpus_run['log']}"
     assert "malformed_json" in res.failed and "not a readable notebook" in res.failed["malformed_json"]
+    assert "unreadable" in res.notes.get("forged_channel", ""), res.notes.get("forged_channel")
+    assert set(res.skipped) >= {repr("newline\n.ipynb"), "linker"}, res.skipped
+    assert "newline" not in res.graded and "linker" not in res.graded
     for sid in ("endless", "detached"):
         assert "timed out" in res.notes.get(sid, ""), (sid, res.notes.get(sid))
 
@@ -269,7 +298,13 @@ def test_nothing_outside_the_attackers_rows_changed(corpus_run):
     assert rows[0].startswith("student,assignment,task99_1_storage_bytes,task99_2_row_softmax"), rows[0]
     by_sid = {r.split(",")[0]: r for r in rows[1:]}
     assert len(by_sid) == len(rows) - 1, "one row per learner and assignment"
-    assert by_sid["honest"] == "honest,99_drill,3,3,6,6", by_sid["honest"]
+    assert by_sid["honest"] == "honest,99_drill,3,3,6,6,", by_sid["honest"]      # the last column: no flags
+    assert rows[0].endswith(",score,max_score,flags"), rows[0]
+    for sid, what in (("forged_channel", "writes to file descriptors"), ("calls_references", "grader's modules"),
+                      ("patch_checks", "grader's modules")):
+        assert what in by_sid[sid], (sid, by_sid[sid])
+    flagged = {sid for sid, r in by_sid.items() if not r.endswith(",")}
+    assert not flagged & {"honest", "noisy_but_right", "edited_locked_cells", "colab_nbformat5"}, flagged
     assert "malformed_json" not in by_sid
     html = (course.root / "autograder" / "feedback" / "honest" / A / f"{A}.html").read_text()
     assert "6.0 / 6.0" in html or "Score: 6" in html, "honest learner's feedback shows full marks"
