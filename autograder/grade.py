@@ -325,6 +325,18 @@ PUBLIC = ["README.md", "course.py", "pyproject.toml", "environment.yml", "nbgrad
           "exercises", "autograder", "benchmarks", ".gitignore"]
 
 
+# the README sections a learner's copy keeps (by their "## " heading); the rest is for contributors and instructors
+PUBLIC_SECTIONS = ("Start", "Syllabus", "Will it fit?", "Doing an exercise", "On Colab", "Licence")
+
+
+def public_readme(text: str) -> str:
+    """The learner's README: the full README's opening and the sections in PUBLIC_SECTIONS (no tests, no
+    release, no solutions, no contributor's map)."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    keep = [parts[0]] + [p for p in parts[1:] if p[3:].startswith(PUBLIC_SECTIONS)]
+    return "".join(keep).rstrip() + "\n"
+
+
 def cmd_public(dest: str) -> None:
     """The learner-facing copy: everything but the nbgrader source (solutions) and the graders' test corpus."""
     out = Path(dest).resolve()
@@ -339,6 +351,7 @@ def cmd_public(dest: str) -> None:
         elif src.is_file():
             out.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, out / name)
+    (out / "README.md").write_text(public_readme((ROOT / "README.md").read_text()))
     print(f"learner-facing copy in {out}: lessons, exercises, memlab, the checks; no solutions/ and no tests/")
 
 

@@ -84,15 +84,16 @@ def main(argv=None):
               f"  fit_search: nothing fits ({time.perf_counter() - t:.1f} s)")
 
     print("\nreal CPU tensors (memlab tracker) vs fit (virtual GPU), tiny Llama, seq 256:")
-    from memlab.fitting.plan import Plan, _dtype
-    from memlab.fitting.model import fit_step, skeleton
+    from memlab.fitting.plan import Plan
+    from memlab.fitting.model import fit_step, precision_dtype, skeleton
     from memlab.core.track import MemoryTracker
     tiny = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
     for kw in (dict(), dict(method="lora"), dict(method="qlora", checkpointing="full"), dict(precision="amp"),
                dict(precision="mixed", checkpointing="selective")):
         plan = Plan(seq=256, **kw)
-        sk, info = skeleton(load_config(tiny), plan.method, _dtype(plan.precision), plan.lora_r, plan.attention)
+        sk, info = skeleton(load_config(tiny), plan.method, precision_dtype(plan.precision), plan.lora_r,
+                            plan.attention)
         trk = MemoryTracker(device="cpu", round_to=512)
         with trk:
             fit_step(sk, info, plan)

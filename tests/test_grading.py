@@ -58,3 +58,7 @@ def test_public_copy_has_no_solutions(tmp_path):
     assert not (pub / "solutions").exists() and not (pub / "tests").exists()
     assert not any("BEGIN SOLUTION" in p.read_text() for p in pub.rglob("*.ipynb"))
     assert grade.assignments(pub / "exercises") == grade.assignments()
+    readme = (pub / "README.md").read_text()
+    assert "## Start" in readme and "## Doing an exercise" in readme and "memlab-grade check" in readme
+    for gone in ("## Test", "course.py test", "memlab-grade release", "## For instructors", "## Contributing"):
+        assert gone not in readme, f"the learner's README still says {gone!r}"

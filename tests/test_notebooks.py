@@ -59,14 +59,25 @@ def test_every_syllabus_link_points_at_a_notebook():
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
 
+@pytest.fixture(scope="module")
+def working_copy(tmp_path_factory) -> Path:
+    """The learner's working copy, made as `python3 course.py start` makes it: lessons run where learners run
+    them (no data/ or course files beside them)."""
+    import course
+    dest = tmp_path_factory.mktemp("copy") / "my-work"
+    course.sync_work(ROOT, dest)
+    return dest
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSONS, ids=_rel)
-def test_lesson_executes_on_cpu(path):
+def test_lesson_executes_on_cpu(path, working_copy):
     from nbclient import NotebookClient
-    nb = nbformat.read(path, as_version=4)
+    copy = working_copy / path.relative_to(ROOT)
+    nb = nbformat.read(copy, as_version=4)
     t0 = time.time()
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(copy.parent)}}).execute()
     took = time.time() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors

@@ -95,3 +95,21 @@ def test_benchmark_sections_are_rewritten_between_their_markers(tmp_path):
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     for name in ("ci", "notebooks"):      # the sections the scripts write exist once each
         assert readme.count(f"<!-- bench:{name} -->") == 1 and readme.count(f"<!-- /bench:{name} -->") == 1
+
+
+def test_every_data_file_of_memlab_is_package_data():
+    """A non-editable install (Colab, pip) carries only the files package-data names: every shipped config,
+    recording and text under memlab/ must be matched, or a lesson fails outside the repository."""
+    import fnmatch
+    data = _pyproject()["tool"]["setuptools"]["package-data"]
+    missing = []
+    for f in sorted((ROOT / "memlab").rglob("*")):
+        if not f.is_file() or f.suffix in (".py", ".pyc") or "__pycache__" in f.parts:
+            continue
+        rel = f.relative_to(ROOT)
+        ok = any(rel.parent.as_posix().startswith(pkg.replace(".", "/"))
+                 and fnmatch.fnmatch(rel.relative_to(pkg.replace(".", "/")).as_posix(), pattern)
+                 for pkg, patterns in data.items() for pattern in patterns)
+        if not ok:
+            missing.append(str(rel))
+    assert not missing, f"pyproject.toml [tool.setuptools.package-data] does not ship {missing}"
