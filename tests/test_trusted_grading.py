@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = grade.DRILL
 A = "99_drill"
 TIMEOUT = 45            # seconds per learner in the corpus run
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("corpus")]   # one class run, one worker
 
 STORAGE = '''def storage_bytes(shape, dtype):
     n = 1

@@ -46,7 +46,10 @@ def _released(spec) -> bool:
     return (ROOT / "exercises" / spec.ASSIGNMENT / f"{spec.ASSIGNMENT}.ipynb").exists()
 
 
-@pytest.fixture(scope="module", params=SPECS, ids=[s.ASSIGNMENT for s in SPECS])
+# one xdist group per exercise: under `pytest -n 2 --dist loadgroup` (.ci/run) the class runs of different
+# exercises go to different workers, and each runs once
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=pytest.mark.xdist_group(f"wrong-{s.ASSIGNMENT}"))
+                                        for s in SPECS], ids=[s.ASSIGNMENT for s in SPECS])
 def graded(request):
     """Grade the reference, the untouched release and every wrong submission of
     one exercise in a single nbgrader class run (one process per learner)."""
