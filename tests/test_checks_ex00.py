@@ -87,3 +87,23 @@ def test_gpu_figures_are_sane():
         assert g["source"] and g["bandwidth"] > 1e11 and g["vector_flops"] > 1e12
         assert all(v > g["vector_flops"] for v in g["tensor_flops"].values()), name
     assert "bfloat16" not in GPUS["T4"]["tensor_flops"]
+
+
+def test_every_run_has_list_results():
+    for seed in range(5):
+        cases = ex00_cases._storage_cases(True, random.Random(seed))
+        lists = [c for c in cases if isinstance(ex00_cases._storage_fn(c)(*ex00_cases._storage_inputs(c)), list)]
+        assert {c["ops"][0] for c in lists} == {"pair_list", "clone_split_list"}
+        assert {ex00_refs._new_storage_reference(c) > 0 for c in lists} == {True}
+    visible = ex00_cases._storage_cases(False, random.Random(0))
+    assert any(c["ops"] == ["pair_list"] for c in visible)
+
+
+def test_copy_onto_shared_storage_is_recorded():
+    src = torch.ones(1000, dtype=torch.uint8)
+    rec = ex00_run._Recorder(0.0, 3, {})
+    with rec:
+        src.copy_(src)                  # no bytes move
+        src[:].copy_(src)
+        torch.empty_like(src).copy_(src)
+    assert [e[2] for e in rec.events if e[0] == "copy"] == [True, True, False]

@@ -17,3 +17,42 @@ def test_tracker_is_refused_inside_the_tasks():
     with pytest.raises(AssertionError, match="MemoryTracker is not allowed"):
         ex01.TASKS["task1_2_profile_phases"].run(ex01.TASKS["task1_2_profile_phases"].cases(False, None)[0],
                                                  profile_phases=profile_phases)
+
+
+def _phases(batch, d_in, width, depth, d_out, optimizer, first_step):
+    """(forward + backward, optimizer step) peaks by the lesson's accounting, and Adam's state bytes."""
+    dims = [d_in] + [width] * depth + [d_out]
+    shapes = list(zip(dims[:-1], dims[1:]))
+    n = sum(a * b + b for a, b in shapes)
+    state = 8 * n + 8 * len(shapes) if optimizer == "adam" else 0
+    x = 4 * batch * d_in + 8 * batch
+    fb = 4 * n + (0 if first_step else state) + x + 4 * (depth + 2) * batch * width + 4 * batch * d_out
+    step = 8 * n + state + x + (8 * max(a * b for a, b in shapes) if optimizer == "adam" else 0)
+    return fb, step, state
+
+
+def test_estimate_cases_pair_adam_state_with_both_phases():
+    """Every run has, for the first step and for the steady state, an Adam case whose peak is the optimizer step
+    and one whose peak is forward + backward, with Adam's state a large part of it: a state term wrong in either
+    phase of either step moves the estimate by 15% or more, three times the 5% tolerance."""
+    from autograder.checks.common import rng
+    from autograder.checks.ex01.refs import measure_mlp_peak
+    for i in range(20):
+        cases = ex01.TASKS["task1_5_estimate_peak"].cases(True, rng(True))
+        worst = {}                       # mistake -> the largest relative error it makes in this run
+        for c in cases:
+            if c[5] != "adam":
+                continue
+            fb, step, state = _phases(*c)
+            peak = max(fb, step)
+            first = c[6]
+            wrong = {("no state in the step", first): max(fb, step - state),
+                     ("state in forward + backward", first): max(fb + state, step) if first else peak,
+                     ("no state in forward + backward", first): max(fb - state, step) if not first else peak}
+            for k, v in wrong.items():
+                worst[k] = max(worst.get(k, 0), abs(v - peak) / peak)
+            if i == 0:                                                     # the accounting matches the tracker
+                assert abs(measure_mlp_peak(*c) - peak) <= 0.02 * peak, c
+        for k in [("no state in the step", True), ("no state in the step", False),
+                  ("state in forward + backward", True), ("no state in forward + backward", False)]:
+            assert worst.get(k, 0) >= 0.15, (k, cases)

@@ -43,3 +43,50 @@ def test_hidden_cases_cover_every_branch():
         assert {c["cfg"]["pos"] for c in gpt} == {"learned", "rope"}
         assert {c["cfg"]["attn"] for c in gpt} == {"sdpa", "math"}
         assert any(c["cfg"]["dropout"] > 0 for c in gpt)
+
+
+def test_hidden_cases_cover_the_new_branches():
+    from autograder.checks.common import rng
+    from memlab.checkpointing import plan_peak
+    for _ in range(3):
+        k_cases = ex02.TASKS["task2_1_checkpoint_every_k"].cases(True, rng(True))
+        (bad,) = [c["validate"] for c in k_cases if "validate" in c]
+        assert {type(k) for k in bad} == {int, float, bool, str} and 0 in bad
+        assert any(type(k) is int and k < 0 for k in bad) and True in bad
+        assert all(float(k) >= 1 for k in bad if type(k) in (float, str))      # would be valid as ints
+        plan = ex02.TASKS["task2_3_plan_checkpoints"].cases(True, rng(True))
+        forced = [c for c in plan if "free to recompute" in c["desc"]]
+        assert len(forced) == 1
+        m, c, budget = forced[0]["m"], forced[0]["c"], forced[0]["budget"]
+        best = ex02_refs.brute_force_plan(m, c, budget)[0]
+        cheapest = [k for k in ex02_refs.all_plans(len(m))
+                    if plan_peak(m, k) <= budget and ex02_refs.plan_cost(c, k) == best]
+        assert cheapest and all(any(kk and not cc for kk, cc in zip(k, c)) for k in cheapest)
+        gpt = ex02.TASKS["task2_4_checkpointed_gpt"].cases(True, rng(True))
+        assert all(c["T"] < c["cfg"]["block_size"] for c in gpt)
+    visible = ex02.TASKS["task2_1_checkpoint_every_k"].cases(False, None)
+    assert any("validate" in c for c in visible)
+
+
+def test_reference_schemes_come_from_pytorchs_pass():
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from memlab.checkpointing import activation_peak
+    from autograder.checks.ex02 import cases as ex02_cases
+    case = dict(n=7, d=16, rows=32, container="list", x_grad=True, seed=5)
+    for k in (1, 2, 3, 9):
+        _, blocks, x, w = ex02_cases._stack(case)
+        ref = ex02_refs.ref_every_k(blocks, k)
+        assert [isinstance(m, CheckpointWrapper) for m in ref] == [i % k == 0 for i in range(7)]
+        assert torch.allclose(ref(x), ex02_refs.plain_forward(blocks, x))
+    # every block checkpointed keeps less than the plain stack, and one kept input per block at most
+    _, blocks, x, w = ex02_cases._stack(case)
+    plain = activation_peak(nn_seq := torch.nn.Sequential(*blocks), lambda: (nn_seq(x) * w).sum()).peak
+    ref = ex02_refs.ref_every_k(blocks, 1)
+    assert activation_peak(ref, lambda: (ref(x) * w).sum()).peak < plain
+    gcase = ex02.TASKS["task2_4_checkpointed_gpt"].cases(False, None)[0]
+    cfg, plain_gpt, batches = ex02_cases._gpt_setup(gcase)
+    gpt = ex02_refs.ref_checkpointed_gpt(cfg, plain_gpt.state_dict())
+    assert all(isinstance(b, CheckpointWrapper) for b in gpt.blocks)
+    x, y = batches[0]
+    assert torch.allclose(gpt(x, y), plain_gpt(x, y))

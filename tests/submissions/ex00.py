@@ -117,7 +117,14 @@ WRONG = {
     return 2 * n_bytes * repeats / (time.perf_counter() - t0) / 1e9''')}, **_only(S3, ALL3)},
     "bytes_counted_once": {"replace": {S3: edit(BW, "return 2 * n_bytes /", "return n_bytes /")},
                            **_only(S3, ALL3)},
+    # a "copy" into the source itself (or a view of it): copy_ returns at once and moves no bytes
+    "copy_onto_itself": {"replace": {S3: edit(BW, "dst = torch.empty_like(src)", "dst = src")}, **_only(S3, ALL3)},
+    "copy_onto_a_view_of_itself": {"replace": {S3: edit(BW, "dst = torch.empty_like(src)", "dst = src[:]")},
+                                   **_only(S3, ALL3)},
     # task 0.4 --------------------------------------------------------------
+    # a returned list is taken for a tensor (the task allows a tuple or a list)
+    "tuple_results_only": {"replace": {S4: edit(STORE, "isinstance(out, (tuple, list))", "isinstance(out, tuple)")},
+                           **_only(S4, ALL4)},
     "reshape_always_free": {"replace": {S4: _BY_NAME}, **_only(S4, ALL4)},
     "views_counted_as_copies": {"replace": {S4: edit(STORE, "if st.data_ptr() not in owned:",
                                                       "if not any(t is x for x in inputs):")},

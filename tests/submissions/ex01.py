@@ -1,5 +1,7 @@
 """Plausible-wrong submissions for exercise 01 and the points each must lose."""
 
+from . import edit
+
 ASSIGNMENT = "01_memory_profiler"
 
 _LIVE_BYTES_VIEWS = '''
@@ -179,6 +181,18 @@ def estimate_peak_bytes(batch, d_in, width, depth, d_out, optimizer, first_step)
     return max(forward_backward, P + P + O + X + scratch)
 '''
 
+# Adam's state left out of forward + backward at the steady state too (counted only in the optimizer step): wrong
+# when a large batch makes forward + backward the peak
+_ESTIMATE_STATE_ONLY_IN_STEP = edit(_ESTIMATE_STATE_AT_FIRST_STEP,
+                                    "forward_backward = P + O + X + A", "forward_backward = P + X + A")
+
+# no Adam state at all at the first step, not even in the step that creates it: wrong when the step is the peak
+_ESTIMATE_NO_STATE_AT_FIRST_STEP = edit(edit(
+    _ESTIMATE_STATE_AT_FIRST_STEP, "forward_backward = P + O + X + A",
+    "forward_backward = P + (0 if first_step else O) + X + A"),
+    "return max(forward_backward, P + P + O + X + scratch)",
+    "return max(forward_backward, P + P + (0 if first_step else O) + X + scratch)")
+
 WRONG = {
     "views_counted": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_VIEWS},
                       "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
@@ -210,6 +224,12 @@ WRONG = {
     "saved_hooks_left_on_model": {"replace": {"task1_3_saved_per_layer": _SAVED_HOOKS_LEFT},
                                   "must_lose": ["task1_3_saved_per_layer_visible", "task1_3_saved_per_layer_hidden"],
                                   "must_keep": ["task1_4_category_breakdown_visible"]},
+    "estimate_state_only_in_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_STATE_ONLY_IN_STEP},
+                                    "must_lose": ["task1_5_estimate_peak_hidden"],
+                                    "must_keep": ["task1_5_estimate_peak_visible"]},
+    "estimate_no_state_at_first_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_NO_STATE_AT_FIRST_STEP},
+                                        "must_lose": ["task1_5_estimate_peak_hidden"],
+                                        "must_keep": ["task1_5_estimate_peak_visible"]},
     "estimate_state_at_first_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_STATE_AT_FIRST_STEP},
                                      "must_lose": ["task1_5_estimate_peak_hidden"],
                                      "must_keep": ["task1_5_estimate_peak_visible"]},

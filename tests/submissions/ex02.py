@@ -1,5 +1,7 @@
 """Plausible-wrong submissions for exercise 02 and the points each must lose."""
 
+from . import edit, solution_cells
+
 ASSIGNMENT = "02_checkpointing"
 
 _EVERY_K_HEAD = '''
@@ -188,6 +190,40 @@ WRONG.update({
                                       "must_keep": [f"{T1}_visible"] + _both(T3)},
     "sqrt_blocks_not_registered": {"replace": {T2: _SQRT_UNREGISTERED}, "must_lose": [f"{T2}_hidden"],
                                    "must_keep": [f"{T2}_visible"] + _both(T1)},
+})
+
+
+# ----------------------------------------------------------------------------- k validated too loosely, free layers, rope
+_K_CHECK = "if isinstance(k, bool) or not isinstance(k, int) or k < 1:"
+_EVERY_K_OK = _EVERY_K_HEAD.replace("{CHECKPOINTED}", "x = checkpoint(block, x, use_reentrant=False)")
+# only the sign is checked: a float, a bool pass, a string raises TypeError
+_EVERY_K_SIGN_ONLY = edit(_EVERY_K_OK, _K_CHECK, "if k < 1:")
+# k converted with int(): 2.0, True and "2" become valid
+_EVERY_K_INT_COERCED = edit(_EVERY_K_OK, _K_CHECK, "k = int(k)\n        if k < 1:")
+# isinstance(k, int) without excluding bool: True passes as 1
+_EVERY_K_BOOL_ACCEPTED = edit(_EVERY_K_OK, _K_CHECK, "if not isinstance(k, int) or k < 1:")
+
+# the dynamic programme never keeps a layer that is free to recompute (why keep what costs nothing?): wrong when
+# keeping it is what splits a recomputed run into two that fit
+_PLANNER_NEVER_KEEPS_FREE = edit(solution_cells(ASSIGNMENT)[T3], "if kept + m[j] <= budget:      # keep layer j's output",
+                                 "if kept + m[j] <= budget and c[j] > 0:")
+
+# ignores the rope tables GPT.forward sliced to T and passes the full (block_size, head_dim) buffers
+_GPT_ROPE_UNSLICED = _GPT_HEAD.replace(
+    "{BLOCK}", "x = checkpoint(block, x, None if rope is None else (self.rope_cos, self.rope_sin), "
+               "use_reentrant=False)")
+
+WRONG.update({
+    "every_k_sign_check_only": {"replace": {T1: _EVERY_K_SIGN_ONLY}, "must_lose": _both(T1),
+                                "must_keep": _both(T3)},
+    "every_k_int_coerced": {"replace": {T1: _EVERY_K_INT_COERCED}, "must_lose": _both(T1),
+                            "must_keep": _both(T2)},
+    "every_k_bool_accepted": {"replace": {T1: _EVERY_K_BOOL_ACCEPTED}, "must_lose": _both(T1),
+                              "must_keep": _both(T4)},
+    "planner_never_keeps_free_layers": {"replace": {T3: _PLANNER_NEVER_KEEPS_FREE}, "must_lose": [f"{T3}_hidden"],
+                                        "must_keep": [f"{T3}_visible"] + _both(T1)},
+    "gpt_rope_tables_unsliced": {"replace": {T4: _GPT_ROPE_UNSLICED}, "must_lose": [f"{T4}_hidden"],
+                                 "must_keep": [f"{T4}_visible"] + _both(T2)},
 })
 
 

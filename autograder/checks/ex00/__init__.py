@@ -5,7 +5,8 @@ References, all computed by the grader (refs.py, judged in judge.py):
 - task 0.2: min(peak, intensity x bandwidth) with the peak picked from the data-sheet dicts of
   memlab.kit.ex00.GPUS (the table the notebook shows);
 - task 0.3: what the learner's own timer reads say (the grader records every `time.perf_counter()` read,
-  every copy and, on CUDA, every `torch.cuda.synchronize()` during the call), and a copy bandwidth the
+  every copy, whether its destination shares its source's storage (a copy that moves nothing), and, on CUDA,
+  every `torch.cuda.synchronize()` during the call), and a copy bandwidth the
   grader measures itself right before and right after the call (`run._reference_bandwidth`);
 - task 0.4: memlab's `MemoryTracker` run by the judge on the same op sequence, cross-checked by
   counting the result's storages.

@@ -96,9 +96,13 @@ def _bw_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task 0.4: new storage
-# Each op maps a tensor to a tensor (or a tuple); a case lists the ops, and fn applies them in order.
+# Each op maps a tensor to a tensor (or a tuple, or a list); a case lists the ops, and fn applies them in order.
 def _chunk2(x):
     return x.chunk(2, dim=0)
+
+
+def _split_list(x):
+    return list(x.clone().split(2, dim=0))                                # a list of views of one new storage
 
 
 OPS = {
@@ -118,11 +122,13 @@ OPS = {
     "half": lambda x: x.half(),                                           # a dtype change is a copy
     "detach": lambda x: x.detach(),
     "chunk2": _chunk2,                                                    # a tuple of views
+    "clone_split_list": _split_list,                                      # a list
 }
 PAIR_OPS = {
     "cat": lambda x, y: torch.cat([x, y]),
     "add_": lambda x, y: x.add_(y),
     "pair": lambda x, y: (x, y.t().contiguous()),
+    "pair_list": lambda x, y: [y, x.t().contiguous(), x],                 # a list: inputs and one new storage
 }
 CHAIN_OPS = ("t", "contiguous", "flatten", "mul_", "add", "rows", "cols", "expand", "clone", "to_self_dtype",
              "detach", "reshape_rows")
@@ -181,7 +187,8 @@ def _storage_cases(hidden, r):
                 _scase(r, ["flatten"], [3, 5, 7], "float32"),
                 _scase(r, ["t", "flatten"], [5, 7], "float32"),
                 _scase(r, ["rows"], [6, 7], "float16"),
-                _scase(r, ["mul_"], [6, 7], "float32")]
+                _scase(r, ["mul_"], [6, 7], "float32"),
+                _scase(r, ["pair_list"], [6, 7], "float32", inputs=2)]
 
     def d():
         return r.randint(3, 31) | 1
@@ -208,6 +215,8 @@ def _storage_cases(hidden, r):
         _scase(r, ["cat"], [b, c], inputs=2),
         _scase(r, ["add_"], [b, c], inputs=2),
         _scase(r, ["pair"], [b, c], inputs=2),
+        _scase(r, ["pair_list"], [b, c], inputs=2),                       # a list result, in every run
+        _scase(r, ["clone_split_list"], [2 * b, c]),                       # a list of views of one new storage
     ]
     for _ in range(2):                                                     # random chains
         cases.append(_scase(r, _chain(r, [b + 2, c, h]), [b + 2, c, h]))

@@ -92,6 +92,10 @@ def _bw_judge(case, got):
     if any(e[0] == "copy" for e in events[timers[-1]:]):
         raise AssertionError(f"{what}: a copy ran after your last timer read; every copy after the warm-up is "
                              f"timed")
+    if any(e[0] == "copy" and e[2] for e in events):
+        raise AssertionError(f"{what}: a copy's destination shares its storage with the source (dst is src, or a "
+                             f"view of it): dst.copy_(src) then returns at once and moves no bytes, so you time "
+                             f"nothing. Allocate a separate destination, torch.empty_like(src).")
     intervals = []                                     # (seconds, copies, bytes, synced after the last copy)
     for a, b in zip(timers, timers[1:]):
         span = events[a + 1:b]

@@ -44,7 +44,7 @@ def _new_storage_reference(case) -> int:
     xs = _storage_inputs(case)
     with memlab.MemoryTracker() as tracker:
         out = _storage_fn(case)(*xs)
-    outs = out if isinstance(out, tuple) else (out,)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
     owned = {x.untyped_storage().data_ptr() for x in xs}
     new = {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in outs}
     counted = sum(v for k, v in new.items() if k not in owned)

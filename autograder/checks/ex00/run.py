@@ -95,8 +95,9 @@ def _reference_bandwidth(n_bytes: int, device: torch.device, warmup: int = 2, re
 
 
 class _Recorder(TorchDispatchMode):
-    """Records, in order, every copy (bytes), every timer read (seconds) and every CUDA synchronize during
-    the learner's call, and sleeps `delay` seconds inside the second timed copy (a planted slow outlier)."""
+    """Records, in order, every copy (bytes, and whether its destination shares its source's storage), every timer
+    read (seconds) and every CUDA synchronize during the learner's call, and sleeps `delay` seconds inside the
+    second timed copy (a planted slow outlier)."""
 
     def __init__(self, delay: float, repeats: int, namespace: dict):
         super().__init__()
@@ -149,7 +150,12 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func.__name__.split(".")[0] in COPY_OPS and isinstance(out, torch.Tensor):
-            self.events.append(["copy", out.numel() * out.element_size()])
+            # a copy whose destination shares storage with its source (dst = src, or a view of it) moves no
+            # bytes: copy_ returns at once when dst is src. Recorded, so the judge can say so.
+            shared = (func.__name__.split(".")[0] == "copy_" and len(args) > 1 and
+                      all(isinstance(a, torch.Tensor) for a in args[:2]) and
+                      args[0].untyped_storage().data_ptr() == args[1].untyped_storage().data_ptr())
+            self.events.append(["copy", out.numel() * out.element_size(), bool(shared)])
             timers = [i for i, e in enumerate(self.events) if e[0] == "timer"]
             copies = [i for i, e in enumerate(self.events) if e[0] == "copy" and timers and i > timers[0]]
             if len(copies) == 2:

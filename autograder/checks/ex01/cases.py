@@ -134,14 +134,26 @@ def _breakdown_cases(hidden, r):
 def _estimate_cases(hidden, r):
     if not hidden:
         return [[2048, 128, 256, 3, 10, "sgd", False], [16, 256, 512, 3, 10, "adam", False]]
+    # Adam's state in both phases of both steps, in every run: each of the first step and the steady state is
+    # paired once with a small, state-heavy batch (the optimizer step is the peak) and once with a large,
+    # activation-heavy one (forward + backward is the peak, and Adam's state is 20-45% of it), so a wrong state
+    # term in either phase of either step moves the estimate by 15% or more.
+    def state_heavy(first):
+        return [r.randint(4, 32), r.randint(128, 512), r.randint(256, 512), r.randint(2, 4), r.randint(2, 20), "adam",
+                first]
+
     # the first Adam step: activations dominate and Adam's state (which does not exist yet) would add over 20%
     depth, width = r.randint(3, 4), r.randint(128, 256)
     batch = round(r.uniform(4, 5.5) * width * (depth - 1) / (depth + 2))
-    return [  # activation-heavy SGD, SGD's first step, state-heavy steady Adam, activation-heavy first Adam step
+    # a steady Adam step whose forward + backward is the peak by 15% or more, with Adam's state 20% or more of it
+    d2, w2 = r.randint(3, 4), r.randint(128, 256)
+    return [  # activation-heavy SGD, SGD's first step, then Adam: steady and first step, state- and activation-heavy
         [r.randint(1024, 3072), r.randint(64, 256), r.randint(128, 384), r.randint(2, 4), r.randint(2, 20), "sgd",
          False],
         [r.randint(256, 1024), r.randint(64, 256), r.randint(128, 384), r.randint(2, 4), r.randint(2, 20), "sgd",
          True],
-        [r.randint(4, 32), r.randint(128, 512), r.randint(256, 512), r.randint(2, 4), r.randint(2, 20), "adam", False],
+        state_heavy(False),
+        [round(r.uniform(1.8, 3.2) * w2), r.randint(32, 96), w2, d2, r.randint(2, 20), "adam", False],
+        state_heavy(True),
         [batch, r.randint(32, 96), width, depth, r.randint(2, 20), "adam", True],
     ]

@@ -7,7 +7,7 @@ What is graded is behaviour, on modules the checks own (cases.py):
     recomputations included) and the peak activation memory, measured with memlab's
     tracker (memlab.checkpointing.activation_peak, bound before any learner code runs);
   * `judge` (judge.py, the grader) recomputes the plain model's outputs and gradients with
-    autograd, and the peak of the scheme written with torch.utils.checkpoint (refs.py), and
+    autograd, and the peak of the scheme built by PyTorch's activation-checkpointing pass (refs.py), and
     compares; the planner's plan is judged under the notebook's cost model against
     brute force over every plan, or an exhaustive state search for the 40-layer chain.
 """

@@ -78,7 +78,8 @@ def _stack_case(r, n, container, x_grad):
 def _every_k_cases(hidden, r):
     if not hidden:
         return [dict(n=8, d=32, rows=64, container="Sequential", x_grad=True, k=2, seed=21),
-                dict(n=8, d=32, rows=64, container="ModuleList", x_grad=False, k=3, seed=22)]
+                dict(n=8, d=32, rows=64, container="ModuleList", x_grad=False, k=3, seed=22),
+                {"validate": [0, -1, 2.0, True, "2"]}]
     containers = ["Sequential", "ModuleList", "list"]
     r.shuffle(containers)                            # every container, an input without grad, in every run
     out = []
@@ -86,7 +87,9 @@ def _every_k_cases(hidden, r):
         n = r.randint(6, 14)
         k = {"one": 1, "uneven": r.choice([k for k in range(2, n) if n % k]), "beyond": n + r.randint(0, 2)}[kind]
         out.append({**_stack_case(r, n, container, x_grad), "k": k})
-    return out + [{"validate": [0, -1]}]
+    # k that is not a positive int, in every run: zero, a negative int, a float, a bool (an int subclass) and a
+    # string, the last three holding values that would be valid ints
+    return out + [{"validate": [0, -r.randint(1, 5), float(r.randint(1, 4)), True, str(r.randint(1, 5))]}]
 
 
 # ----------------------------------------------------------------------------- task2_2
@@ -108,17 +111,19 @@ def _chain(m, c, budget, desc, timed=False):
     return {"m": m, "c": c, "budget": budget, "desc": desc, "timed": timed}
 
 
-def _forced(r, need):
-    """A random short chain where every cheapest plan has `need(plan)`: drawn until brute force says so."""
+def _forced(r, need, free=False):
+    """A random short chain where every cheapest plan has `need(plan, recompute_cost)`: drawn until brute force
+    says so. free=True draws some recompute costs of 0."""
     from .refs import all_plans, brute_force_plan, min_peak, plan_cost   # not in run.py's imports
 
     for _ in range(10_000):
         n = r.randint(3, 8)
-        m, c = [r.randint(1, 60) for _ in range(n)], [r.randint(1, 20) for _ in range(n)]
+        m = [r.randint(1, 60) for _ in range(n)]
+        c = [0 if free and r.random() < 0.4 else r.randint(1, 20) for _ in range(n)]
         budget = r.randint(min_peak(m), sum(m) - 1)
         best = brute_force_plan(m, c, budget)[0]
         plans = [k for k in all_plans(n) if plan_peak(m, k) <= budget and plan_cost(c, k) == best]
-        if all(need(k) for k in plans):
+        if all(need(k, c) for k in plans):
             return m, c, budget
     raise RuntimeError("no chain found")
 
@@ -155,10 +160,13 @@ def _plan_cases(hidden, r):
             _chain(m, c, min_peak(m) - 1, f"act_bytes={m}, recompute_cost={c}, a budget 1 byte below every plan"),
             _chain(m, c, sum(m), f"act_bytes={m}, recompute_cost={c}, a budget that holds everything"),
             _chain(m, c0, r.randint(min_peak(m), sum(m)), f"act_bytes={m}, recompute_cost={c0} (free layers)")]
-    for need, what in ((lambda k: any(not a and not b for a, b in zip(k, k[1:])), "recomputes a run of two or "
-                                                                                   "more layers"),
-                       (lambda k: any(k[1:-1]) and not k[0], "keeps a middle layer but not the first")):
-        fm, fc, fb = _forced(r, need)
+    for need, what, free in (
+            (lambda k, c: any(not a and not b for a, b in zip(k, k[1:])), "recomputes a run of two or more layers",
+             False),
+            (lambda k, c: any(k[1:-1]) and not k[0], "keeps a middle layer but not the first", False),
+            (lambda k, c: any(kk and not cc for kk, cc in zip(k, c)), "keeps a layer that is free to recompute",
+             True)):
+        fm, fc, fb = _forced(r, need, free)
         out.append(_chain(fm, fc, fb, f"act_bytes={fm}, recompute_cost={fc}, budget {fb} (every cheapest plan "
                                       f"{what})"))
     # a longer chain with MiB-sized, uneven layers, within a time limit
@@ -178,11 +186,15 @@ def _gpt_cases(hidden, r):
     # attention kernels, in every run
     attn = ["sdpa", "math"]
     r.shuffle(attn)
-    return [{"cfg": dict(n_layer=r.randint(2, 4), n_embd=32 * r.randint(1, 3), n_head=r.choice([2, 4]),
-                         vocab_size=r.choice([48, 64, 96]), block_size=32, dropout=dropout, pos=pos, attn=a),
-             "B": r.randint(2, 5), "T": r.choice([16, 24, 32]), "steps": 3, "seed": r.randrange(2**31)}
-            for pos, dropout, a in (("learned", r.choice([0.1, 0.2]), attn[0]),
-                                    ("rope", r.choice([0.0, 0.1]), attn[1]))]
+    # T < block_size in every run: position tables (learned or rotary) used unsliced do not fit
+    out = []
+    for pos, dropout, a in (("learned", r.choice([0.1, 0.2]), attn[0]), ("rope", r.choice([0.0, 0.1]), attn[1])):
+        block_size = r.choice([32, 40, 48])
+        out.append({"cfg": dict(n_layer=r.randint(2, 4), n_embd=32 * r.randint(1, 3), n_head=r.choice([2, 4]),
+                                vocab_size=r.choice([48, 64, 96]), block_size=block_size, dropout=dropout, pos=pos,
+                                attn=a),
+                    "B": r.randint(2, 5), "T": r.randint(12, block_size - 4), "steps": 3, "seed": r.randrange(2**31)})
+    return out
 
 
 def _gpt_desc(case):

@@ -1,5 +1,5 @@
 """Exercise 02's judges (the grader): recompute the plain model's outputs and gradients with autograd, and
-the peak of the scheme written with torch.utils.checkpoint (refs.py), and compare; the planner's plan is judged
+the peak of the scheme built by PyTorch's checkpointing pass (refs.py), and compare; the planner's plan is judged
 under the notebook's cost model against brute force over every plan, or an exhaustive state search for the
 40-layer chain."""
 
@@ -12,8 +12,8 @@ from memlab.checkpointing import activation_peak
 
 from ..common import mb
 from .cases import CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train, fingerprint as _fingerprint
-from .refs import (RTOL, RefCheckpointedGPT, RefEveryK, RefSegments, brute_force_plan, min_peak, plain_forward,
-                   plan_cost, plan_peak, round_robin_segments, same, search_min_cost)
+from .refs import (RTOL, RefSegments, brute_force_plan, min_peak, plain_forward, plan_cost, plan_peak,
+                   ref_checkpointed_gpt, ref_every_k, round_robin_segments, same, search_min_cost)
 
 def _problem(got):
     if isinstance(got, dict) and "problem" in got:
@@ -89,14 +89,19 @@ def _per_block_bytes(case):
 # ----------------------------------------------------------------------------- task2_1
 def _every_k_judge(case, got):
     if "validate" in case:
-        for bad, raised in got.items():
+        for bad in case["validate"]:
+            raised = got.get(str(bad)) if isinstance(got, dict) else None
+            what = {bool: "a bool", float: "a float", str: "a string"}.get(type(bad), "not positive")
             assert raised == "ValueError", (
-                f"task2_1: CheckpointEveryK(blocks, k={bad}) should raise ValueError: k must be a positive int"
-                + (f" (it raised {raised})" if raised else ""))
+                f"task2_1: CheckpointEveryK(blocks, k={bad!r}) should raise ValueError: k must be a positive int, "
+                f"and this k is {what}" + (f" (it raised {raised})" if raised else " (it raised nothing)")
+                + (". bool is a subclass of int: test isinstance(k, bool) first." if type(bad) is bool else "")
+                + (". Do not convert k with int(): reject anything that is not an int." if type(bad) in (float, str)
+                   else ""))
         return
     k = case["k"]
     _stack_judge("task2_1", case, got, [2 if i % k == 0 else 1 for i in range(case["n"])],
-                 lambda blocks: RefEveryK(blocks, k), 0.5)   # the reference scheme's peak plus half a block
+                 lambda blocks: ref_every_k(blocks, k), 0.5)   # the reference scheme's peak plus half a block
 
 
 # ----------------------------------------------------------------------------- task2_2
@@ -209,8 +214,7 @@ def _gpt_judge(case, got):
             + ("A block that ran once was not checkpointed." if min(calls, default=0) < 2 else
                "A block that ran more often is called more than once in your forward."))
     # memory: one stashed block input per block, one block recomputed at a time
-    ref = RefCheckpointedGPT(cfg)
-    ref.load_state_dict(plain.state_dict())
+    ref = ref_checkpointed_gpt(cfg, plain.state_dict())
     x, y = batches[0]
     torch.manual_seed(case["seed"])
     ref_peak = activation_peak(ref, lambda: ref(x, y)).peak

@@ -1,8 +1,10 @@
 """Exercise 02's references.
 
-- Memory bounds: the schemes written directly with `torch.utils.checkpoint`
-  (library calls, used only to measure the peak a scheme needs), and the plain
-  forward they are compared with.
+- Memory bounds: the schemes of tasks 2.1 and 2.4 built by PyTorch's own activation-checkpointing pass
+  (`torch.distributed.algorithms._checkpoint.checkpoint_wrapper.apply_activation_checkpointing`, which wraps
+  chosen submodules of a model in place; a mechanism the solution does not use), the segments of task 2.2
+  under `torch.utils.checkpoint` (laid out round-robin, unlike the solution), each used only to measure the
+  peak a scheme needs, and the plain forward they are compared with.
 - The planner: the exercise's cost model (`plan_peak`, `plan_cost`), brute force
   over every plan for short chains, and `search_min_cost`, a plain loop over the
   layers that carries every reachable (kept bytes, running bytes) state for long
@@ -12,13 +14,15 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                         apply_activation_checkpointing,
+                                                                         checkpoint_wrapper)
 from torch.utils.checkpoint import checkpoint
 
-from memlab.core.models import GPT
+from memlab.core.models import GPT, Block
 from memlab.checkpointing import plan_peak  # the cost model, shared with benchmarks/bench_checkpointing.py
 
 RTOL = 1e-5                       # checkpointing repeats the same arithmetic
@@ -38,15 +42,26 @@ def plain_forward(blocks, x):
     return x
 
 
-class RefEveryK(nn.Module):
-    def __init__(self, blocks, k):
-        super().__init__()
-        self.blocks, self.k = nn.ModuleList(blocks), k
+def _wrap_in_place(model: nn.Module, chosen) -> nn.Module:
+    """`model` with each submodule for which chosen(module) holds wrapped, in place, in a non-reentrant
+    checkpoint by PyTorch's activation-checkpointing pass."""
+    apply_activation_checkpointing(
+        model, check_fn=chosen,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+    return model
 
-    def forward(self, x):
-        for i, b in enumerate(self.blocks):
-            x = checkpoint(b, x, use_reentrant=False) if i % self.k == 0 else b(x)
-        return x
+
+def ref_every_k(blocks, k) -> nn.Module:
+    """The blocks in an nn.Sequential the check owns, blocks 0, k, 2k, ... wrapped by PyTorch's pass."""
+    chosen = {id(b) for b in list(blocks)[::k]}
+    return _wrap_in_place(nn.Sequential(*blocks), lambda m: id(m) in chosen)
+
+
+def ref_checkpointed_gpt(cfg, state_dict) -> GPT:
+    """memlab's plain GPT with the plain state, every Block wrapped by PyTorch's pass (GPT.run_blocks unchanged)."""
+    model = GPT(cfg)
+    model.load_state_dict(state_dict)
+    return _wrap_in_place(model, lambda m: isinstance(m, Block))
 
 
 def round_robin_segments(n: int, s: int) -> list[tuple[int, int]]:
@@ -73,16 +88,6 @@ class RefSegments(nn.Module):
     def forward(self, x):
         for start, stop in self.segments:
             x = checkpoint(self._run, start, stop, x, use_reentrant=False)
-        return x
-
-
-class RefCheckpointedGPT(GPT):
-    """Every block under its own non-reentrant checkpoint, written apart from the solution: rope is bound into
-    the checkpointed function (functools.partial), so the checkpoint's only input is x (B, T, C)."""
-
-    def run_blocks(self, x, rope):
-        for block in self.blocks:
-            x = checkpoint(functools.partial(block, rope=rope), x, use_reentrant=False)
         return x
 
 
