@@ -8,9 +8,10 @@ import random
 import pytest
 import torch
 
-from memlab.kit.ex03 import drive_scaler
+from memlab.kit.ex03 import drive_scaler, param_groups, plan_inputs
 from autograder.checks.ex03.cases import amp_cases, scaler_cases
 from autograder.checks.ex03.refs import reference_amp
+from autograder.checks.ex03.run import amp_run
 
 
 def _gradscaler(plan):
@@ -46,3 +47,75 @@ def test_hidden_amp_cases_overflow_and_clip():
         ref = reference_amp(clip_overflow[0])
         assert ref["scales"][0] < ref["used"][0], "the first step must overflow and be skipped"
         assert ref["delta"].norm() > 0
+
+
+def test_hidden_scaler_plans_have_several_param_groups():
+    # in every draw: 2 or 3 groups, an inf/NaN injected in group 0 and one in a later group (never the last parameter)
+    for seed in range(20):
+        for p in [p for p in scaler_cases(True, random.Random(seed)) if p["kind"] == "plan"]:
+            model, opt, _ = plan_inputs(p)
+            assert len(opt.param_groups) == p["groups"] in (2, 3)
+            assert [len(g["params"]) for g in opt.param_groups] == [len(g["params"]) for g in
+                                                                   param_groups(model, p["groups"])]
+        grow = scaler_cases(True, random.Random(seed))[0]
+        model, opt, _ = plan_inputs(grow)
+        group_of = {i: gi for gi, g in enumerate(opt.param_groups) for i, q in enumerate(model.parameters())
+                    if any(q is r for r in g["params"])}
+        injected = {group_of[pi] for _, _, pi, _ in grow["inject"]}
+        assert 0 in injected and max(injected) > 0
+        assert all(pi != len(group_of) - 1 for _, _, pi, _ in grow["inject"])
+
+
+def _amp_step_summed(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, max_norm=None):
+    """The mistake of lesson 04: one backward on the summed micro-batch losses (every graph alive together)."""
+    k = len(micro_batches)
+    summed = 0
+    for x, y in micro_batches:
+        with torch.autocast(x.device.type, dtype=dtype):
+            summed = summed + model(x, y) / k
+    scaler.scale(summed).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return summed.item()
+
+
+def _amp_step(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, max_norm=None):
+    k = len(micro_batches)
+    total = 0.0
+    for x, y in micro_batches:
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = model(x, y) / k
+        scaler.scale(loss).backward()
+        total += loss.item()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_amp_memory_case_separates_one_graph_from_all(seed):
+    """The step-peak bound (reference peak + half a micro-batch's graph) has room for a correct step and none for
+    one that keeps every micro-batch's graph until a single backward, in every draw."""
+    cases = [c for c in amp_cases(True, random.Random(seed)) if c["memory"]]
+    assert len(cases) == 1 and cases[0]["micro"] >= 3
+    c = cases[0]
+    ref = reference_amp(c)
+    bound = max(ref["growth"]) + ref["graph"] // 2
+    good = max(amp_run(c, _amp_step)["peak_growth"])
+    bad = max(amp_run(c, _amp_step_summed)["peak_growth"])
+    assert good <= bound - ref["graph"] // 4, (good, bound)
+    assert bad >= bound + ref["graph"], (bad, bound)
+
+
+def test_amp_run_records_the_forward_dtype_and_device_type():
+    c = [c for c in amp_cases(True, random.Random(0)) if c["dtype"] == "bfloat16"][0]
+    got = amp_run(c, _amp_step)
+    assert got["forward"] == [["bfloat16", ["cpu"]]]

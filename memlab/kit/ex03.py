@@ -13,14 +13,15 @@ import torch
 
 from ..core.models import MLP
 
-__all__ = ["VISIBLE_PLAN", "make_plan", "plan_inputs", "drive_scaler", "summary"]
+__all__ = ["VISIBLE_PLAN", "make_plan", "plan_inputs", "param_groups", "drive_scaler", "summary"]
 
 _INJECT = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
 
 def make_plan(seed, *, dims=(32, 64, 2, 10), batch=16, steps=16, x_scale=1.0, init_scale=2.0 ** 22,
-              growth_factor=2.0, backoff_factor=0.5, growth_interval=3, inject=(), explicit=()):
-    return {"kind": "plan", "seed": seed, "dims": list(dims), "batch": batch, "steps": steps, "x_scale": x_scale,
+              growth_factor=2.0, backoff_factor=0.5, growth_interval=3, inject=(), explicit=(), groups=1):
+    return {"kind": "plan", "groups": groups, "seed": seed, "dims": list(dims), "batch": batch, "steps": steps,
+            "x_scale": x_scale,
             "init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
             "growth_interval": growth_interval, "inject": [list(i) for i in inject], "explicit": sorted(explicit)}
 
@@ -32,11 +33,20 @@ def plan_inputs(plan):
     """(model, optimizer, batches) of a plan, rebuilt identically on both sides."""
     torch.manual_seed(plan["seed"])
     model = MLP(*plan["dims"])
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(param_groups(model, plan.get("groups", 1)), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(plan["seed"])
     batches = [(torch.randn(plan["batch"], plan["dims"][0], generator=g) * plan["x_scale"],
                 torch.randint(0, plan["dims"][3], (plan["batch"],), generator=g)) for _ in range(plan["steps"])]
     return model, opt, batches
+
+
+def param_groups(model, groups: int):
+    """The model's parameters split into `groups` contiguous parameter groups, each with its own learning rate."""
+    params = list(model.parameters())
+    if groups <= 1:
+        return params
+    cut = [round(i * len(params) / groups) for i in range(groups + 1)]
+    return [{"params": params[a:b], "lr": 0.05 / (1 + i)} for i, (a, b) in enumerate(zip(cut, cut[1:]))]
 
 
 def summary(tensors, seed: int) -> list[list[float]]:

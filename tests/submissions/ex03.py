@@ -178,11 +178,56 @@ _REPORT_ALT = _REPORT.replace("{PACK}", '''key = st.data_ptr()
             seen.add(key)
             add("activations", t, st.nbytes())''')
 
+# unscales and checks only the first parameter group (optimizer.param_groups[0]): the other groups keep their
+# scaled gradients and an inf/NaN there goes unseen
+_FIRST_GROUP_ONLY = _scaler().replace("for group in optimizer.param_groups:", "for group in optimizer.param_groups[:1]:")
+# the found-inf flag restarts for each parameter group: only the last group decides
+_LAST_GROUP_DECIDES = _scaler().replace("                for p in group[\"params\"]:",
+                                        "                found = False\n                for p in group[\"params\"]:")
+# "accumulation" by summing the micro-batch losses and calling backward once: the same gradients, but the graphs of
+# every micro-batch are alive together until that backward (the bug lesson 04 teaches)
+_ONE_BACKWARD_ON_SUMMED_LOSS = _AMP.replace('''    total = 0.0
+    for x, y in micro_batches:
+        {FORWARD}
+        scaler.scale(loss).backward()
+        total += loss.item()''', '''    total = 0.0
+    summed = 0
+    for x, y in micro_batches:
+        {FORWARD}
+        summed = summed + loss
+        total += loss.item()
+    scaler.scale(summed).backward()''').replace("{CAST}", "pass").replace("{FORWARD}", _AUTOCAST_FORWARD).replace(
+    "{CLIP}", _UNSCALE_THEN_CLIP)
+# ignores the dtype argument: always fp16 (on a bf16 call the forward runs in the wrong format)
+_ALWAYS_FP16 = _amp(forward=_AUTOCAST_FORWARD.replace("dtype=dtype", "dtype=torch.float16"))
+# device_type hard-coded to "cuda": on any other device autocast is off and the forward runs in fp32
+_CUDA_AUTOCAST = _amp(forward=_AUTOCAST_FORWARD.replace("x.device.type", '"cuda"'))
+# correct, written differently: the step's memory freed by hand (del the loss after its backward), autocast's
+# device read from the model's parameters
+_DEL_LOSS = _amp(forward='''with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
+            loss = model(x, y) / k''').replace("        total += loss.item()\n",
+                                                 "        total += loss.item()\n        del loss\n")
+
 _SCALER_LOSES = ["task3_1_loss_scaler_visible", "task3_1_loss_scaler_hidden"]
 _AMP_LOSES = ["task3_2_amp_step_visible", "task3_2_amp_step_hidden"]
 _REPORT_LOSES = ["task3_3_dtype_report_visible", "task3_3_dtype_report_hidden"]
 
 WRONG = {
+    "unscales_only_the_first_param_group": {"replace": {"task3_1_loss_scaler": _FIRST_GROUP_ONLY},
+                                            "must_lose": ["task3_1_loss_scaler_hidden"],
+                                            "must_keep": ["task3_1_loss_scaler_visible", "task3_2_amp_step_hidden"]},
+    "found_inf_reset_per_param_group": {"replace": {"task3_1_loss_scaler": _LAST_GROUP_DECIDES},
+                                        "must_lose": ["task3_1_loss_scaler_hidden"],
+                                        "must_keep": ["task3_1_loss_scaler_visible", "task3_3_dtype_report_hidden"]},
+    "one_backward_on_the_summed_micro_batch_losses": {"replace": {"task3_2_amp_step": _ONE_BACKWARD_ON_SUMMED_LOSS},
+                                                      "must_lose": _AMP_LOSES,
+                                                      "must_keep": ["task3_1_loss_scaler_hidden"]},
+    "autocast_dtype_hard_coded_fp16": {"replace": {"task3_2_amp_step": _ALWAYS_FP16},
+                                       "must_lose": _AMP_LOSES,
+                                       "must_keep": ["task3_3_dtype_report_hidden"]},
+    "autocast_device_type_hard_coded_cuda": {"replace": {"task3_2_amp_step": _CUDA_AUTOCAST},
+                                             "must_lose": _AMP_LOSES,
+                                             "must_keep": ["task3_1_loss_scaler_hidden"]},
     "no_skip_on_overflow": {"replace": {"task3_1_loss_scaler": _NO_SKIP},
                             "must_lose": _SCALER_LOSES,
                             "must_keep": ["task3_2_amp_step_hidden", "task3_3_dtype_report_hidden"]},
@@ -237,4 +282,9 @@ WRONG = {
     "saved_tensors_not_deduplicated": {"replace": {"task3_3_dtype_report": _NO_DEDUP},
                                        "must_lose": _REPORT_LOSES,
                                        "must_keep": ["task3_2_amp_step_hidden"]},
+}
+
+# correct alternatives: every cell of the tasks they change must keep its points
+RIGHT = {
+    "del_loss_and_device_from_parameters": {"replace": {"task3_2_amp_step": _DEL_LOSS}},
 }

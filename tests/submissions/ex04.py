@@ -309,3 +309,129 @@ WRONG.update({
                       "task4_2_eval_no_grad_hidden", "task4_4_optimizer_step_visible",
                       "task4_4_optimizer_step_hidden"]},
 })
+
+# the detector of the spec with one mistake each (task 4.6)
+_LEAK_DETECTOR = '''
+def detect_leak(step_fn, model, optimizer, n_steps=5):
+    tracker = memlab.MemoryTracker(model, optimizer)
+    after = []
+    with tracker:
+        for _ in range(n_steps):
+            step_fn()
+            after.append(tracker.breakdown())
+    leaks = []
+    for cat in memlab.CATEGORIES:
+        if {GROWS}:
+            leaks.append((cat, (after[-1][cat] - after[0][cat]) // (n_steps - 1)))
+    return {PICK} if leaks else None
+'''
+_EVERY_STEP = "all(after[i][cat] > after[i - 1][cat] for i in range(1, n_steps))"
+_LARGEST = "max(leaks, key=lambda leak: leak[1])"
+# compares only the first and the last step: growth that starts late, or goes up and down, counts as a leak
+_LEAK_FIRST_VS_LAST = _LEAK_DETECTOR.replace("{GROWS}", "after[-1][cat] > after[0][cat]").replace("{PICK}", _LARGEST)
+# returns the first leaking category in memlab.CATEGORIES' order, not the one that grows the most
+_LEAK_FIRST_FOUND = _LEAK_DETECTOR.replace("{GROWS}", _EVERY_STEP).replace("{PICK}", "leaks[0]")
+# returns the last leaking category found
+_LEAK_LAST_FOUND = _LEAK_DETECTOR.replace("{GROWS}", _EVERY_STEP).replace("{PICK}", "leaks[-1]")
+# correct, written differently: consecutive differences, the largest total growth, a float per step
+_LEAK_ALT = '''
+def detect_leak(step_fn, model, optimizer, n_steps=5):
+    levels = []
+    with memlab.MemoryTracker(model, optimizer) as tracker:
+        for _ in range(n_steps):
+            step_fn()
+            levels.append(dict(tracker.breakdown()))
+    best = None
+    for cat in memlab.CATEGORIES:
+        deltas = [b[cat] - a[cat] for a, b in zip(levels[1:], levels[2:])] + [levels[1][cat] - levels[0][cat]]
+        if min(deltas) > 0 and (best is None or sum(deltas) > best[1]):
+            best = (cat, sum(deltas))
+    return None if best is None else (best[0], best[1] / (n_steps - 1))
+'''
+
+WRONG.update({
+    "leak_compares_first_and_last_step_only": {
+        "replace": {"task4_6_leak_detector": _LEAK_FIRST_VS_LAST},
+        "must_lose": ["task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_6_leak_detector_visible", "task4_5_find_max_batch_size_hidden"]},
+    "leak_returns_the_first_leaking_category": {
+        "replace": {"task4_6_leak_detector": _LEAK_FIRST_FOUND},
+        "must_lose": ["task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_6_leak_detector_visible", "task4_5_find_max_batch_size_hidden"]},
+    "leak_returns_the_last_leaking_category": {
+        "replace": {"task4_6_leak_detector": _LEAK_LAST_FOUND},
+        "must_lose": ["task4_6_leak_detector_hidden"],
+        "must_keep": ["task4_6_leak_detector_visible"]},
+})
+
+RIGHT = {
+    "leak_detector_written_differently": {"replace": {"task4_6_leak_detector": _LEAK_ALT}},
+}
+
+# 4.4: foreach=False fits one step, but the gradients zeroed in place stay alive through the next forward and
+# backward: two real steps run out of memory on the L4
+_ZEROED_IN_PLACE = '''
+def train_1b3_fixed(size="full", data=None):
+    model = build_gpt("gpt-1.3b", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, foreach=False)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    del loss
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    return model
+'''
+# 4.4, correct, written differently: the optimizer step in backward (lesson 04): one AdamW per parameter, stepped by
+# a hook as soon as the parameter's gradient is complete, which then frees it
+_STEP_IN_BACKWARD = '''
+def train_1b3_fixed(size="full", data=None):
+    model = build_gpt("gpt-1.3b", size)
+    opts = {p: torch.optim.AdamW([p], lr=2e-4, foreach=False) for p in model.parameters()}
+    def step_now(p):
+        opts[p].step()
+        opts[p].zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step_now)
+    memlab.watch(model, list(opts.values()))
+    x, y = data if data is not None else random_tokens("gpt-1.3b", size, 1)
+    with memlab.phase("forward"):
+        loss = model(x, y)
+    with memlab.phase("backward"):
+        loss.backward()
+    return model
+'''
+# 4.3, correct, written differently: backward per micro-batch, each micro-batch's forward checkpointed (recomputed
+# in backward: the same sequences, pushed once)
+_ACCUMULATED_CHECKPOINTED = '''
+def train_accumulated_fixed(size="full", data=None):
+    model = build_gpt("gpt2-small", size)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    memlab.watch(model, opt)
+    x, y = data if data is not None else random_tokens("gpt2-small", size, 32)
+    for i in range(0, 32, 8):
+        with memlab.phase("forward"):
+            loss = torch.utils.checkpoint.checkpoint(model, x[i:i + 8], y[i:i + 8], use_reentrant=False) / 4
+        with memlab.phase("backward"):
+            loss.backward()
+        del loss
+    with memlab.phase("step"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model
+'''
+
+WRONG.update({
+    "gradients_zeroed_in_place": {
+        "replace": {"task4_4_optimizer_step": _ZEROED_IN_PLACE},
+        "must_lose": ["task4_4_optimizer_step_visible", "task4_4_optimizer_step_hidden"],
+        "must_keep": ["task4_6_leak_detector_hidden"]},
+})
+RIGHT.update({
+    "optimizer_step_in_backward": {"replace": {"task4_4_optimizer_step": _STEP_IN_BACKWARD}},
+    "accumulation_with_checkpointed_micro_batches": {"replace": {"task4_3_accumulated_loss": _ACCUMULATED_CHECKPOINTED}},
+})

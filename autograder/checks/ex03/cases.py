@@ -2,13 +2,15 @@
 built with memlab.kit.ex03.make_plan, the format the notebook's driver (drive_scaler) reads.
 
 Hidden cases cover every branch of each task's spec in every run:
-- task3_1: one plan with a low scale (no natural overflow) laid out so that the scale grows after
+- task3_1: two or three parameter groups in every hidden plan (a NaN injected into a later group, a -inf into
+  group 0), one plan with a low scale (no natural overflow) laid out so that the scale grows after
   growth_interval clean steps, backs off after an injected NaN that follows growth_interval - 1 clean
   steps (a count that is not reset grows too early), grows again and twice more in a long clean tail;
   one plan with a scale so high that the first steps overflow by themselves (skipped first step);
   inf, -inf and NaN each injected, into several parameters; explicit unscale_ on a clean and on a
   skipped step; unscale_ twice, and after step(), must raise.
-- task3_2: fp16 and bf16; one micro-batch and 2-4; clipping on and off; a first step that overflows.
+- task3_2: fp16 and bf16; one micro-batch and 2-4; clipping on and off; a first step that overflows; in every
+  case the dtype and device type the forward really ran in; a large-batch case whose step peak is measured.
 - task3_3: no autocast, fp16 and bf16 autocast; a bf16 model; Adam and SGD with momentum; MLP and GPT.
 """
 
@@ -31,12 +33,14 @@ def _grow_and_back_off(r):
     inj1 = g - 1                          # g - 1 clean steps, then a NaN: the count must restart at 0
     inj2 = inj1 + g + 2                   # g + 1 clean steps: growth after exactly g of them
     steps = inj2 + 1 + 2 * g + 1          # a clean tail long enough to grow twice
-    inject = [(inj1, "nan", r.randrange(N_PARAMS - 1), r.randrange(10**6)),
-              (inj2, "-inf", r.randrange(N_PARAMS - 1), r.randrange(10**6))]
+    groups = r.choice([2, 3])
+    first = N_PARAMS // groups            # parameters 0 .. first - 1 form group 0 (memlab.kit.ex03.param_groups)
+    inject = [(inj1, "nan", r.randrange(first, N_PARAMS - 1), r.randrange(10**6)),   # a later group, not the last
+              (inj2, "-inf", r.randrange(first), r.randrange(10**6))]               # group 0, not the last group
     explicit = {inj1 + 1, inj2, steps - 1}
     return make_plan(r.randrange(2**31), dims=(r.randint(16, 48), r.randint(17, 80), 2, r.randint(3, 13)),
                       batch=r.randint(5, 24), steps=steps, init_scale=2.0 ** r.randint(6, 10), growth_factor=4.0,
-                      backoff_factor=0.5, growth_interval=g, inject=inject, explicit=explicit)
+                      backoff_factor=0.5, growth_interval=g, inject=inject, explicit=explicit, groups=groups)
 
 
 def _overflow_first(r):
@@ -47,7 +51,7 @@ def _overflow_first(r):
                       batch=r.randint(5, 24), steps=steps, x_scale=r.choice([0.5, 1.0, 2.0]),
                       init_scale=2.0 ** r.randint(22, 24), growth_factor=2.0, backoff_factor=0.25,
                       growth_interval=r.randint(2, 3), inject=[(inj, "inf", r.randrange(N_PARAMS), r.randrange(10**6))],
-                      explicit={0, inj, r.randrange(1, steps)})
+                      explicit={0, inj, r.randrange(1, steps)}, groups=r.choice([2, 3]))
 
 
 def scaler_cases(hidden, r):
@@ -59,14 +63,16 @@ def scaler_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task3_2
-def _amp(seed, *, kind="mlp", dtype="float16", micro=2, batch=8, steps=4, max_norm=None, init_scale=2.0 ** 16):
+def _amp(seed, *, kind="mlp", dtype="float16", micro=2, batch=8, steps=4, max_norm=None, init_scale=2.0 ** 16,
+         memory=False):
     return {"seed": seed, "kind": kind, "dtype": dtype, "micro": micro, "batch": batch, "steps": steps,
-            "max_norm": max_norm, "init_scale": init_scale}
+            "max_norm": max_norm, "init_scale": init_scale, "memory": memory}
 
 
 def amp_cases(hidden, r):
     if not hidden:
-        return [_amp(1, micro=2), _amp(2, micro=2, max_norm=0.05)]
+        return [_amp(1, micro=2), _amp(2, micro=2, max_norm=0.05), _amp(4, micro=2, dtype="bfloat16"),
+                _amp(3, micro=4, batch=320, steps=2, memory=True)]
     s = lambda: r.randrange(2**31)  # noqa: E731
     return [
         _amp(s(), micro=r.randint(2, 4), batch=r.randint(3, 13), init_scale=2.0 ** r.randint(8, 14)),
@@ -77,6 +83,9 @@ def amp_cases(hidden, r):
         _amp(s(), kind="gpt", dtype="bfloat16", micro=r.randint(2, 3), batch=r.randint(1, 3), max_norm=0.5,
              steps=3),                                                         # bf16: fp16 is slow on CPUs
         _amp(s(), dtype="bfloat16", micro=r.randint(2, 3), batch=r.randint(3, 13)),
+        # the step's memory: 3-4 micro-batches whose graphs dominate the model states (one graph alive at a time)
+        _amp(s(), dtype=r.choice(["float16", "bfloat16"]), micro=r.randint(3, 4), batch=r.randint(256, 512), steps=2,
+             max_norm=r.choice([None, 0.1]), init_scale=2.0 ** r.randint(8, 12), memory=True),
     ]
 
 

@@ -149,7 +149,34 @@ def amp_judge(case, got):
     bad = [v for v in got["losses"] if type(v) is not float]
     assert not bad, (f"{where} amp_step must return the mean loss as a Python float (loss.item()), got {bad[0]}: "
                      f"holding a tensor keeps the whole graph alive")
+    want = case["dtype"]
+    fwd = got.get("forward") or []
+    ran = sorted({d for d, _ in fwd})
+    if ran != [want]:
+        off = [d for d in ran if d != want]
+        on = sorted({dev for _, devs in fwd for dev in devs})
+        if off and "cpu" not in on:
+            also = f"; it was on for {on}" if on else ""
+            hint = (f" Autocast was not active for the device the inputs are on (cpu){also}: do not hard-code "
+                    f"device_type='cuda', write torch.autocast(x.device.type, dtype=dtype), so the same step runs on "
+                    f"any device.")
+        else:
+            hint = (" Run the forward under torch.autocast(x.device.type, dtype=dtype) with the dtype amp_step is "
+                    "given, not a fixed one: bf16 and fp16 round differently (bf16 has fp32's range, fp16 needs the "
+                    "scaler).")
+        raise AssertionError(f"{where} your forward's Linear layers produced {off or ran} outputs, but amp_step was "
+                             f"called with dtype={want}.{hint}")
     ref = reference_amp(case)
+    if case.get("memory"):
+        bound = max(ref["growth"]) + ref["graph"] // 2
+        worst = max(got["peak_growth"])
+        if worst > bound:
+            raise AssertionError(
+                f"{where} during your step memory grew by {mb(worst)} at its peak (memlab's tracker), more than one "
+                f"micro-batch's graph ({mb(ref['graph'])}) above what a step that frees each graph needs: the graphs "
+                f"of several micro-batches were alive together. Call scaler.scale(loss / k).backward() inside the "
+                f"loop, for each micro-batch, and keep only loss.item(), never the loss tensors, so that each "
+                f"micro-batch's activations are freed before the next forward.")
     for i, (a, b) in enumerate(zip(got["losses"], ref["losses"])):
         if not math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-5):
             hint = ""

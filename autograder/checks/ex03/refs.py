@@ -19,39 +19,59 @@ from memlab.kit.ex03 import summary
 from .cases import CATEGORY_KEYS, DTYPES, amp_setup, build_report_case
 
 
+def _reference_step(case, model, params, opt, scaler, micro, dtype):
+    k = len(micro)
+    acc = [torch.zeros_like(p) for p in params]
+    mean = 0.0
+    for x, y in micro:
+        with torch.autocast("cpu", dtype=dtype):
+            part = model(x, y) / k
+        mean += part.item()
+        acc = [a + g for a, g in zip(acc, torch.autograd.grad(scaler.scale(part), params))]
+        del part
+    for p, a in zip(params, acc):
+        p.grad = a
+    del acc
+    if case["max_norm"] is not None:
+        scaler.unscale_(opt)
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
+        coef = min(1.0, case["max_norm"] / (norm + 1e-6))      # clip_grad_norm_'s formula
+        for p in params:
+            p.grad.mul_(coef)
+    scaler.step(opt)
+    scaler.update()
+    for p in params:
+        p.grad = None
+    return mean
+
+
 def reference_amp(case) -> dict:
-    """Losses, scales and the parameter change of `steps` AMP steps, computed without the exercise's loop."""
+    """Losses, scales and the parameter change of `steps` AMP steps, computed without the exercise's loop, and the
+    memory a step needs: the peak growth of each step (measured with memlab.MemoryTracker) and the bytes one
+    micro-batch's forward leaves alive for backward."""
     model, opt, scaler, batches = amp_setup(case)
     params = list(model.parameters())
     start = [p.detach().clone() for p in params]
     dtype = DTYPES[case["dtype"]]
-    losses, scales, used = [], [], []
+    losses, scales, used, growth = [], [], [], []
     for micro in batches:
-        k = len(micro)
-        acc = [torch.zeros_like(p) for p in params]
-        mean = 0.0
         used.append(float(scaler.get_scale()))
-        for x, y in micro:
-            with torch.autocast("cpu", dtype=dtype):
-                part = model(x, y) / k
-            mean += part.item()
-            acc = [a + g for a, g in zip(acc, torch.autograd.grad(scaler.scale(part), params))]
-        for p, a in zip(params, acc):
-            p.grad = a
-        if case["max_norm"] is not None:
-            scaler.unscale_(opt)
-            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
-            coef = min(1.0, case["max_norm"] / (norm + 1e-6))      # clip_grad_norm_'s formula
-            for p in params:
-                p.grad.mul_(coef)
-        scaler.step(opt)
-        scaler.update()
-        for p in params:
-            p.grad = None
-        losses.append(mean)
+        tracker = memlab.MemoryTracker(model, opt)
+        with tracker:
+            before = tracker.current
+            losses.append(_reference_step(case, model, params, opt, scaler, micro, dtype))
+            growth.append(tracker.peak - before)
         scales.append(float(scaler.get_scale()))
     delta = torch.cat([(p.detach() - s).double().flatten() for p, s in zip(params, start)])
-    return {"losses": losses, "scales": scales, "used": used, "delta": delta}
+    x, y = batches[0][0]
+    tracker = memlab.MemoryTracker(model, opt)
+    with tracker:
+        before = tracker.current
+        with torch.autocast("cpu", dtype=dtype):
+            loss = model(x, y)
+        graph = tracker.current - before
+        del loss
+    return {"losses": losses, "scales": scales, "used": used, "delta": delta, "growth": growth, "graph": graph}
 
 
 class _DtypeTracker(memlab.MemoryTracker):

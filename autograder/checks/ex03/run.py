@@ -63,22 +63,45 @@ def scaler_run(case, DynamicLossScaler):
 
 
 # ----------------------------------------------------------------------------- task3_2
+def _forward_probe(model):
+    """Forward hooks on every nn.Linear noting the dtype its output really has and, for each device type, whether
+    autocast was on while it ran: the dtype and device_type the learner's autocast used."""
+    seen = set()
+
+    def hook(mod, args, out):
+        if isinstance(out, torch.Tensor):
+            seen.add((str(out.dtype).replace("torch.", ""),
+                      tuple(d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))))
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, handles
+
+
 def amp_run(case, amp_step):
     model, opt, scaler, batches = amp_setup(case)
     start = [p.detach().clone() for p in model.parameters()]
-    losses, scales, dtypes, left = [], [], set(), []
-    for micro in batches:
-        try:
-            out = amp_step(model, opt, scaler, micro, dtype=DTYPES[case["dtype"]], max_norm=case["max_norm"])
-        except Exception as e:  # noqa: BLE001 - the judge turns the learner's crash into a teaching message
-            return {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
-        losses.append(float(out) if type(out) in (float, int) else f"a {type(out).__name__}")
-        scales.append(float(scaler.get_scale()))
-        dtypes |= {str(p.dtype).replace("torch.", "") for p in model.parameters()}
-        left += [n for n, p in model.named_parameters() if p.grad is not None and n not in left]
+    losses, scales, dtypes, left, growth = [], [], set(), [], []
+    seen, handles = _forward_probe(model)
+    try:
+        for micro in batches:
+            tracker = memlab.MemoryTracker(model, opt)
+            try:
+                with tracker:
+                    before = tracker.current
+                    out = amp_step(model, opt, scaler, micro, dtype=DTYPES[case["dtype"]], max_norm=case["max_norm"])
+                    growth.append(int(tracker.peak - before))
+            except Exception as e:  # noqa: BLE001 - the judge turns the learner's crash into a teaching message
+                return {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+            losses.append(float(out) if type(out) in (float, int) else f"a {type(out).__name__}")
+            scales.append(float(scaler.get_scale()))
+            dtypes |= {str(p.dtype).replace("torch.", "") for p in model.parameters()}
+            left += [n for n, p in model.named_parameters() if p.grad is not None and n not in left]
+    finally:
+        for h in handles:
+            h.remove()
     delta = torch.cat([(p.detach() - s).double().flatten() for p, s in zip(model.parameters(), start)])
     return {"losses": losses, "scales": scales, "param_dtypes": sorted(dtypes), "grads_left": left,
-            "delta": delta.tolist()}
+            "delta": delta.tolist(), "peak_growth": growth,
+            "forward": sorted([d, list(on)] for d, on in seen)}
 
 
 # ----------------------------------------------------------------------------- task3_3

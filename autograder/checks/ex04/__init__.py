@@ -36,7 +36,10 @@ __all__ = ["TASKS"]
 
 
 def _script_task(gid, task):
-    return Task(gid, (CASES[task].fixed_name,), script_cases(task), script_run(task), script_judge(task))
+    # the judge is built when first called, not at import: in the sandbox judge.py is a stub that refuses every call
+    def judge(case, got):
+        return script_judge(task)(case, got)
+    return Task(gid, (CASES[task].fixed_name,), script_cases(task), script_run(task), judge)
 
 
 TASKS = tasks(

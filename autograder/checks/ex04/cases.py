@@ -8,7 +8,10 @@
   one above one, anywhere, limit - 1, nothing fits, everything up to a limit that is or is not a power of
   two) on preset and custom capacities, and a real training step on a T4 (visible).
 - task4_6: every leak (outputs, gradients, inputs, an evaluation with autograd on, a forward hook) and both
-  traps (AdamW's and SGD's state created in step 1), the shortest run included.
+  traps (AdamW's and SGD's state created in step 1), the shortest run included; two leaking categories of
+  different rates (the larger one later, and earlier, in memlab.CATEGORIES), a leak that starts in step 2, a
+  category flat from step 1 to 2 and growing after (no leak by the spec, alone and beside a smaller real leak)
+  and a leak beside temporaries that go up and down.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Case:
     rows: int                # sequences the script pushes through the model
     trains: bool             # True: returns the model after one AdamW step; False: returns losses
     hint_oom: str            # what to try when it still runs out
+    two_steps: bool = False  # full size: the grader runs a second real step on the returned model (steady state)
 
 
 CASES = {
@@ -51,7 +55,9 @@ CASES = {
     "task4_4": Case("task4_4", train_1b3, "train_1b3_fixed", "L4-24GB", "gpt-1.3b", 1, True,
                     "The OOM is in the optimizer step: AdamW creates its state there and, with foreach=True, "
                     "also a temporary as large as all the parameters. Keep AdamW (and its maths): what does "
-                    "foreach=False change?"),
+                    "foreach=False change? And let the gradients go: zero_grad(set_to_none=True) (or the optimizer "
+                    "step in backward) frees them, zeroing them in place keeps them through the next forward.",
+                    two_steps=True),
 }
 
 
@@ -147,39 +153,67 @@ def max_batch_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task4_6
+# kind -> (what each step keeps from which step on (0: the first), noise). A kept input batch is a temporary, a
+# kept output or an evaluation's loss an activation, kept gradients gradients.
+LEAK_PLANS = {
+    "outputs": ((("outputs", 0),), False), "grads": ((("grads", 0),), False), "inputs": ((("inputs", 0),), False),
+    "eval": ((("eval", 0),), False), "hook": ((("hook", 0),), False), "none_adam": ((), False),
+    "none_sgd": ((), False),
+    "two_leaks": ((("outputs", 0), ("inputs", 0)), False),          # the later category (temporaries) grows more
+    "grads_and_inputs": ((("grads", 0), ("inputs", 0)), False),     # the earlier category (gradients) grows more
+    "late": ((("outputs", 1),), False),                             # starts in step 2: still every step after the 1st
+    "flat_then_growing": ((("inputs", 2),), False),                 # flat from step 1 to 2: no leak by the spec
+    "leak_and_late_growth": ((("outputs", 0), ("inputs", 2)), False),   # a small leak, a larger late growth
+    "leak_and_noise": ((("outputs", 0),), True),                    # a leak, and temporaries that go up and down
+}
+
+
 def leak_scenario(case):
     """A fresh (step_fn, model, optimizer) whose training step leaks (or not) in a known way."""
     kind, batch, width, d_in, seed = case["kind"], case["batch"], case["width"], case["d_in"], case["seed"]
+    leaks, noisy = LEAK_PLANS[kind]
+    leaks = dict(leaks)
     torch.manual_seed(seed)
     d_out = 10
     model = memlab.MLP(d_in, width, 2, d_out)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if kind == "none_sgd" else \
         torch.optim.AdamW(model.parameters(), lr=1e-3)
-    kept = []
+    kept, calls, noise = [], [], []
     g = torch.Generator().manual_seed(seed)
     xv, yv = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
-    if kind == "hook":
+    if "hook" in leaks:
         model.layers[1].register_forward_hook(lambda mod, inp, out: kept.append(out))   # (B, width) per step
+    # noise: one buffer, replaced each step, whose size climbs by 4 units a step but drops once (not the last step)
+    unit = batch * d_out * 4
+    sizes = [unit + 4 * unit * i for i in range(case["n_steps"])]
+    if noisy:
+        j = case.get("drop", 1)
+        sizes[j] = max(0, sizes[j - 1] - unit)
 
     def step():
+        i = len(calls)
+        calls.append(1)
+        on = {w for w, start in leaks.items() if i >= start}
         x, y = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
         with memlab.phase("forward"):
             out = model(x)
             loss = torch.nn.functional.cross_entropy(out, y)
         with memlab.phase("backward"):
             loss.backward()
-        if kind == "grads":
+        if "grads" in on:
             kept.append([p.grad for p in model.parameters()])             # keeps every step's gradients
         with memlab.phase("step"):
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if kind == "outputs":
+        if "outputs" in on:
             kept.append(out)                                              # keeps a (B, d_out) output per step
-        elif kind == "inputs":
+        if "inputs" in on:
             kept.append(x)                                                # keeps each input batch
-        elif kind == "eval":
+        if "eval" in on:
             with memlab.phase("forward"):                                 # evaluation with autograd on
                 kept.append(model(xv, yv))
+        if noisy:
+            noise[:] = [torch.empty(sizes[i], dtype=torch.uint8)]
 
     return step, model, opt
 
@@ -188,9 +222,21 @@ def leak_cases(hidden, r):
     if not hidden:
         return [{"kind": k, "batch": 16, "width": 64, "d_in": 32, "seed": s, "n_steps": 5}
                 for k, s in (("outputs", 1), ("none_adam", 2))]
-    kinds = ["outputs", "grads", "inputs", "eval", "hook", "none_adam", "none_sgd"]   # every leak, both traps
+    kinds = list(LEAK_PLANS)                       # every leak, both traps, two leaks, late, flat-then-growing, noise
     r.shuffle(kinds)
-    steps = [3] + [r.randint(3, 5) for _ in kinds[1:]]                   # the shortest run included
-    return [{"kind": k, "batch": r.randint(2, 64), "width": r.randint(8, 128), "d_in": r.randint(4, 64),
-             "seed": r.randrange(2**31), "n_steps": n} for k, n in zip(kinds, steps)]
-
+    cases = []
+    for k in kinds:
+        n = r.randint(4, 6) if k in ("flat_then_growing", "leak_and_late_growth") else r.randint(3, 5)
+        # two leaks and late growth: the kept inputs (B x d_in) grow more than the kept outputs (B x 10)
+        d_in = r.randint(24, 64) if k in ("two_leaks", "leak_and_late_growth") else r.randint(4, 64)
+        # gradients and inputs: few samples, a wide model, so the gradients (earlier in CATEGORIES) grow more
+        batch, width = (r.randint(2, 8), r.randint(32, 128)) if k == "grads_and_inputs" else \
+            (r.randint(2, 64), r.randint(8, 128))
+        c = {"kind": k, "batch": batch, "width": width, "d_in": d_in,
+             "seed": r.randrange(2**31), "n_steps": n}
+        if k == "leak_and_noise":
+            c["drop"] = r.randrange(1, n - 1)
+        cases.append(c)
+    shortest = next(c for c in cases if c["kind"] in ("outputs", "grads", "inputs", "eval", "hook"))
+    shortest["n_steps"] = 3                        # the shortest run included
+    return cases

@@ -37,6 +37,8 @@ class _Recorder(StepRecorder):
         self.model: GPT | None = None
         self.initial: list[tuple[str, torch.Tensor]] = []
         self.steps: list[dict] = []
+        self.optimizers: list = []           # every optimizer that stepped, once, in order
+        self.counting = True                 # False during the grader's own second step
 
     def _register(self) -> list:
         return [register_module_forward_pre_hook(self._forward)] + super()._register()
@@ -44,7 +46,8 @@ class _Recorder(StepRecorder):
     def _forward(self, module, args):
         if not isinstance(module, GPT):
             return None
-        if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1:
+        in_backward = torch._C._current_graph_task_id() != -1     # a checkpoint recomputing its forward
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1 and not in_backward and self.counting:
             self.rows += int(args[0].shape[0])
         if module.cfg not in self.configs:
             self.configs.append(module.cfg)
@@ -55,24 +58,68 @@ class _Recorder(StepRecorder):
         return None
 
     def _step(self, opt, args, kwargs):
+        if not self.counting:
+            return None
+        if not any(o is opt for o in self.optimizers):
+            self.optimizers.append(opt)
         # parameters are matched by their position in model.named_parameters(), which wrapping blocks (e.g. for
         # checkpointing) keeps, while it changes their names; the reference's names are used in messages
         index = {}
         if self.model is not None:
             index = {id(p): (i, n) for i, (n, p) in enumerate(self.model.named_parameters())}
-        rec = {"optimizer": type(opt).__name__, "missing": [], "grads": {}, "hyper": {}}
+        rec = {"optimizer": type(opt).__name__, "missing": [], "grads": {}, "hyper": {}, "params": []}
         for group in opt.param_groups:
             hyper = {k: group.get(k) for k in ("lr", "betas", "eps", "weight_decay", "momentum", "amsgrad",
                                                "maximize", "nesterov", "dampening")}
             for p in group["params"]:
                 key = index.get(id(p), (f"?{len(rec['hyper'])}", "a parameter outside the model"))
                 rec["hyper"][key[0]] = hyper
+                rec["params"].append(key[0])
                 if p.grad is None:
                     rec["missing"].append(key[1])
                 elif self.clone:
                     rec["grads"][key[0]] = p.grad.detach().clone()
         self.steps.append(rec)
         return super()._step(opt, args, kwargs)
+
+    def _after_step(self, opt, args, kwargs):
+        return super()._after_step(opt, args, kwargs) if self.counting else None
+
+    def n_params(self) -> int:
+        return len(list(self.model.parameters())) if self.model is not None else 0
+
+
+def merged(rec: _Recorder) -> dict:
+    """The optimizer steps of one training step taken together (one step, or one per parameter when the step
+    runs in backward): per parameter its hyperparameters and gradient, and how often each was updated."""
+    hyper_, grads, count = {}, {}, {}
+    for s in rec.steps:
+        for i in s["params"]:
+            count[str(i)] = count.get(str(i), 0) + 1
+        hyper_.update({str(i): {k: hyper(v) for k, v in h.items()} for i, h in s["hyper"].items()})
+        grads.update(s["grads"])
+    keys = sorted(grads, key=str)
+    return {"optimizers": sorted({s["optimizer"] for s in rec.steps}),
+            "missing": [m for s in rec.steps for m in map(str, s["missing"])],
+            "updates": count, "hyper": hyper_, "grad_keys": sorted(map(str, keys)),
+            "grad_norm": math.sqrt(sum(grads[i].double().pow(2).sum().item() for i in keys)),
+            "grad_proj": project([grads[i] for i in keys], 1)}
+
+
+def second_step(rec: _Recorder, c: Case, model):
+    """The grader's own second training step on the model the learner's fix returned, with whatever the fix left
+    alive (gradients zeroed in place, the optimizers' state): steady state measured, not extrapolated. Every
+    optimizer that stepped in step 1 steps again if its parameters have gradients (none when the fix steps in
+    backward, from hooks that free each gradient)."""
+    from memlab.clinic import random_tokens
+    rec.counting = False
+    x, y = random_tokens(c.model, "full", c.rows)
+    loss = model(x, y)
+    loss.backward()
+    del loss
+    for o in rec.optimizers:
+        if any(p.grad is not None for g in o.param_groups for p in g["params"]):
+            o.step()
 
 
 def hyper(v):
@@ -113,17 +160,28 @@ def script_run(task):
             return {"raised": f"{c.fixed_name} is a {type(fn).__name__}, not a function taking (size, data)"}
         if case["part"] == "full":
             rec = _Recorder(clone=False)
+            second = {"started": False}
+
+            def two_steps(size):
+                out = fn(size)
+                if c.two_steps and isinstance(out, torch.nn.Module) and rec.steps:
+                    second["started"] = True
+                    second_step(rec, c, out)
+                return out
             try:
                 with rec:
-                    run_ = memlab.VirtualGPU(c.gpu).run(fn, "full", catch_oom=True)
+                    run_ = memlab.VirtualGPU(c.gpu).run(two_steps, "full", catch_oom=True)
             except Exception as e:  # noqa: BLE001 - the judge teaches
                 return {"raised": f"{type(e).__name__}: {str(e)[:400]}"}
+            m = merged(rec)
             return {"fits": bool(run_.fits), "oom": None if run_.fits else str(run_.oom_message)[:3000],
                     "peak": int(run_.peak), "pre_step_peak": [int(p) for p in rec.pre_step_peak],
                     "state_bytes": [int(s) for s in rec.state_bytes], "rows": int(rec.rows),
                     "configs": [dataclasses.asdict(k) for k in rec.configs],
                     "steps": [{"optimizer": s["optimizer"], "missing": list(map(str, s["missing"]))}
-                              for s in rec.steps]}
+                              for s in rec.steps],
+                    "n_params": rec.n_params(), "updates": m["updates"], "optimizers": m["optimizers"],
+                    "second_step": second["started"]}
         try:
             rec, out = run_tiny(fn, case, c)
         except Exception as e:  # noqa: BLE001
@@ -136,7 +194,8 @@ def script_run(task):
                           "grad_keys": sorted(map(str, s["grads"])),
                           "grad_norm": math.sqrt(sum(g.double().pow(2).sum().item() for g in s["grads"].values())),
                           "grad_proj": project([s["grads"][i] for i in sorted(s["grads"], key=str)], 1)}
-                         for s in rec.steps]}
+                         for s in rec.steps],
+               "n_params": rec.n_params(), "merged": merged(rec)}
         if isinstance(out, torch.nn.Module):
             got["out"] = {"module": [[list(p.shape), p.detach().float().flatten().tolist()]
                                      for p in out.parameters()]}
