@@ -116,7 +116,7 @@ def test_reference_run_dedupes_a_shared_weight_and_skips_frozen_and_unused():
 
 # ----------------------------------------------------------------------------- task 6.3's reference
 def _brute_loads(numels, world):
-    """The greedy assignment as a plain loop over a list (the reference uses a heap)."""
+    """The greedy assignment as a plain loop over a list (the reference runs ZeroRedundancyOptimizer's own)."""
     loads = [0] * world
     for n in sorted(numels, reverse=True):
         loads[loads.index(min(loads))] += n
@@ -124,11 +124,11 @@ def _brute_loads(numels, world):
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_greedy_loads_match_a_plain_loop(seed):
+def test_zero_partition_loads_match_a_plain_loop(seed):
     r = random.Random(seed)
     numels = [r.randint(1, 500) for _ in range(r.randint(1, 12))]
     world = r.randint(1, 6)
-    loads = ex06_refs.greedy_loads(numels, world)
+    loads = ex06_refs.zero_partition_loads(numels, world)
     assert sorted(loads) == _brute_loads(numels, world)
     assert sum(loads) == sum(numels)
     assert max(loads) <= sum(numels) / world + max(numels)
@@ -138,7 +138,7 @@ def test_rank_bytes_match_tensors_measured_by_the_tracker():
     """Allocate on one 'rank' what the accounting says it keeps (bf16 weights and grads, fp32 master, Adam's two
     fp32 moments) and let memlab's tracker weigh it."""
     numels, world = [900, 40, 700, 650, 33, 1200], 3
-    loads = ex06_refs.greedy_loads(numels, world)
+    loads = ex06_refs.zero_partition_loads(numels, world)
     mine = max(loads)
     for stage in range(4):
         want = ex06_refs.reference_rank_bytes(numels, stage, world, "bf16_adam")
@@ -155,13 +155,17 @@ def test_rank_bytes_match_tensors_measured_by_the_tracker():
 
 
 def test_task_6_3_hidden_cases_are_uneven_and_cover_every_stage_and_layout():
-    for seed in range(10):
+    for seed in range(50):
         cases = ex06_cases.mem_cases(True, random.Random(seed))
         assert sorted(c["stage"] for c in cases) == [0, 1, 2, 3]
         assert {"bf16_adam", "fp32_adam"} <= {c["layout"] for c in cases}
         for c in cases:
             if c["stage"]:
-                assert max(ex06_refs.greedy_loads(c["numels"], c["world"])) * c["world"] != sum(c["numels"])
+                loads = ex06_refs.zero_partition_loads(c["numels"], c["world"])
+                assert max(loads) * c["world"] != sum(c["numels"])
+                assert loads[0] < max(loads), "rank 0's load must not be the answer"
+                assert max(ex06_cases.list_order_loads(c["numels"], c["world"])) != max(loads), \
+                    "list order must give another fullest rank"
 
 
 def test_the_hidden_optimizer_cases_cover_every_branch():
@@ -172,3 +176,66 @@ def test_the_hidden_optimizer_cases_cover_every_branch():
         for key in ("groups", "frozen", "unused", "shared"):
             assert any(c[key] for c in cases), key
         assert any(c["kwargs"].get("weight_decay") for c in cases if c["opt"] == "adamw")
+
+
+def test_zero_partition_is_torchs_and_not_sorted_by_list_order():
+    """The reference partitions like ZeroRedundancyOptimizer: the largest tensor on rank 0, then the least
+    loaded rank (the lowest on a tie)."""
+    assert ex06_refs.zero_partition_loads([500, 400, 300, 300, 200], 2) == [800, 900]
+    assert ex06_refs.zero_partition_loads([10, 50257, 4096, 64], 4) == [50257, 4096, 64, 10]
+    assert ex06_refs.zero_partition_loads([7], 3) == [7, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["rank0_load", "list_order_greedy", "average_twice_and_psi_over_n"])
+def test_task_6_3_mistakes_lose_every_hidden_run(name):
+    """Each 6.3 mistake fails every hidden draw, not only most (the judge runs in-process here)."""
+    from _nb import solution_namespace
+    from autograder.checks.common import decode, encode
+    from autograder.checks.ex06 import TASKS
+    from submissions import ex06 as spec
+    task = TASKS["task6_3_rank_memory"]
+    fn = solution_namespace("06_zero", spec.WRONG[name]["replace"])["rank_memory"]
+    for seed in range(40):
+        lost = False
+        for case in task.cases(True, random.Random(seed)):
+            try:
+                task.judge(case, decode(encode(task.run(case, rank_memory=fn))))
+            except AssertionError:
+                lost = True
+                break
+        assert lost, f"{name} passed hidden draw {seed}"
+
+
+def test_the_hidden_optimizer_cases_always_change_the_lr():
+    for seed in range(20):
+        cases = ex06_cases.dp_cases(True, random.Random(seed))
+        assert any(c["gamma"] and c["gamma"] != 1 for c in cases)
+    assert ex06_cases.dp_cases(False, random.Random(0))[0]["gamma"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_reference_run_follows_the_scheduler(seed):
+    """The reference steps the scheduler: with it, the final parameters differ from a run without it."""
+    case = ex06_cases.dp_cases(True, random.Random(seed))[0]
+    with_sched = ex06_refs.reference_run(case)[0]
+    without = ex06_refs.reference_run(dict(case, gamma=None))[0]
+    assert any(not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(with_sched, without))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ignoring_the_scheduler_loses_every_hidden_run_and_the_solution_keeps_it(seed):
+    """The AdamW case of every hidden run has a scheduler: an optimizer that never passes the outer groups' lr
+    to its inner optimizer fails it; the solution passes the same draw."""
+    from _nb import solution_namespace
+    from autograder.checks.common import decode, encode
+    from autograder.checks.ex06 import TASKS
+    from submissions import ex06 as spec
+    task = TASKS["task6_1_sharded_optimizer"]
+    wrong = solution_namespace("06_zero", spec.WRONG["ignores_scheduler"]["replace"])["ShardedOptimizer"]
+    right = solution_namespace("06_zero")["ShardedOptimizer"]
+    torch.set_num_threads(1)
+    case = task.cases(True, random.Random(seed))[0]
+    assert case["gamma"]
+    task.judge(case, decode(encode(task.run(case, ShardedOptimizer=right))))
+    with pytest.raises(AssertionError, match="scheduler"):
+        task.judge(case, decode(encode(task.run(case, ShardedOptimizer=wrong))))

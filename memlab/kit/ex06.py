@@ -13,7 +13,8 @@ when this process is interrupted (the grader's time limit).
 The model (`Net`) is built from a case (plain data) the same way on every rank and in a one-process run:
 widths that are not powers of two, an optional frozen bias (requires_grad False), an optional module the
 forward never uses (its gradients stay None), and an optional weight shared by two modules (listed twice in
-the parameter list handed to the optimizer). `rank_fn(case, cls)` is one rank's run: build the model, step
+the parameter list handed to the optimizer), and an optional learning-rate scheduler (`scheduler`) stepped after
+every optimizer step. `rank_fn(case, cls)` is one rank's run: build the model, step
 `cls` a few times on this rank's data, and bring back plain data (final parameters, the bytes of optimizer
 state it holds and for which parameters, the gradients it holds, the bytes of each collective of `step()`).
 """
@@ -207,6 +208,15 @@ def optimizer_cls(case):
     return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[case["opt"]]
 
 
+def scheduler(case, opt):
+    """The case's learning-rate schedule on `opt` (None without one): StepLR multiplying every group's lr by
+    `gamma` after each step, as a training loop would. It writes the new lr into `opt.param_groups`, the
+    groups the optimizer was built with; an optimizer that steps an inner optimizer must pass it on."""
+    if not case.get("gamma"):
+        return None
+    return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=case["gamma"])
+
+
 def batch(case, rank: int, step: int):
     """Rank `rank`'s data at step `step`: different on every rank and every step."""
     g = torch.Generator().manual_seed(case["seed"] * 7919 + 1000 * step + rank + 1)
@@ -271,11 +281,14 @@ def rank_fn(case, cls, guard=contextlib.nullcontext):
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"{cls.__name__}(...) must be a torch.optim.Optimizer (subclass it), got "
                                 f"{type(opt).__name__}")
+            sched = scheduler(case, opt)
             for step in range(case["steps"]):
                 model.zero_grad(set_to_none=True)
                 loss_fn(model, *batch(case, rank, step)).backward()
                 with comm:
                     opt.step()
+                if sched is not None:
+                    sched.step()                                 # changes the lr in opt.param_groups
         nbytes, owners = _state(opt, params)
         held = [i for i, p in enumerate(params) if p.grad is not None]
         return {"params": [p.detach().reshape(-1).tolist() for p in params], "state_bytes": nbytes,
@@ -287,7 +300,8 @@ def rank_fn(case, cls, guard=contextlib.nullcontext):
 # ----------------------------------------------------------------------------- what every rank holds
 DEMO = {"seed": 1537810351, "world": 2, "widths": [7, 27, 29, 31, 30], "d_out": 3, "batch": 4, "steps": 2,
         "opt": "adamw", "kwargs": {"lr": 0.02, "weight_decay": 0.1, "betas": [0.9, 0.99]}, "groups": True,
-        "bias_lr": 0.01, "frozen": True, "unused": True, "shared": True}   # task 6.1's visible case
+        "bias_lr": 0.01, "frozen": True, "unused": True, "shared": True,
+        "gamma": 0.5}                                                       # task 6.1's visible case
 
 
 def unsharded_state_bytes(case) -> int:

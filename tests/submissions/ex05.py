@@ -17,11 +17,26 @@ ALL1, ALL2, ALL3 = [f"{S1}_visible", f"{S1}_hidden"], [f"{S2}_visible", f"{S2}_h
 
 WRONG = {
     # the running sum is not rescaled when a later block raises the max
-    "softmax_no_rescale": {"replace": {S1: edit(SOFTMAX, "l = l * torch.exp(m - m_new) + ", "l = l + ")},
+    "softmax_no_rescale": {"replace": {S1: edit(SOFTMAX, "l = l * torch.exp(m - safe) + ", "l = l + ")},
                            "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # the last, partial block is dropped
     "softmax_drops_partial_block": {
         "replace": {S1: edit(SOFTMAX, "range(0, x.shape[-1], block)", "range(0, x.shape[-1] - block + 1, block)")},
+        "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # the running max starts at 0, not -inf: rows far below zero underflow to 0 / 0
+    "softmax_max_from_zero": {
+        "replace": {S1: edit(SOFTMAX, 'm = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)',
+                             "m = torch.zeros(x.shape[:-1], dtype=x.dtype)")},
+        "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # one max over all rows of the block instead of one per row: the lower rows underflow
+    "softmax_one_max_for_all_rows": {
+        "replace": {S1: edit(SOFTMAX, "torch.maximum(m, xb.max(dim=-1).values)", "torch.maximum(m, xb.max())")},
+        "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # no guard for a row whose first block is all -inf: exp(-inf - (-inf)) is NaN
+    "softmax_nan_on_masked_first_block": {
+        "replace": {S1: edit(edit(SOFTMAX, '        safe = torch.where(m_new == float("-inf"), 0.0, m_new)\n', ""),
+                             "l = l * torch.exp(m - safe) + torch.exp(xb - safe[..., None])",
+                             "l = l * torch.exp(m - m_new) + torch.exp(xb - m_new[..., None])")},
         "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # calls the library softmax: right values, not the task
     "softmax_library": {"replace": {S1: "def online_softmax(x, block):\n    return torch.softmax(x, dim=-1)"},
@@ -45,6 +60,24 @@ WRONG = {
     l = torch.exp(s - m).sum(dim=-1, keepdim=True)
     return torch.exp(s - m) / l @ v, (m + torch.log(l)).squeeze(-1)'''},
                           "must_lose": ALL2, "must_keep": ALL1},
+    # tiles the queries only: each query tile's whole row of scores at once, a plain softmax over it (no key
+    # tiles, no online softmax): O(T) per tile row, not the algorithm asked for
+    "tiled_query_chunks_only": {"replace": {S2: '''def tiled_attention(q, k, v, is_causal=False, tile=64):
+    *lead, tq, d = q.shape
+    tk = k.shape[-2]
+    outs, lses = [], []
+    for i in range(0, tq, tile):
+        s = q[..., i:i + tile, :] @ k.transpose(-1, -2) / math.sqrt(d)
+        if is_causal:
+            rows = torch.arange(i, i + s.shape[-2])[:, None]
+            s = s.masked_fill(torch.arange(tk)[None, :] > rows, float("-inf"))
+        m = s.max(dim=-1, keepdim=True).values
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1, keepdim=True)
+        outs.append(p @ v / l)
+        lses.append((m + torch.log(l)).squeeze(-1))
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)'''},
+                                "must_lose": ALL2, "must_keep": ALL1},
     # saves the probabilities for backward instead of recomputing them
     "saves_probabilities": {"replace": {S3: edit(edit(FLASH, "ctx.save_for_backward(q, k, v, out, lse)",
                                                        "p = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) "
@@ -69,6 +102,14 @@ WRONG = {
 
 # correct alternatives: every point kept
 RIGHT = {
+    # FlashAttention with tile 32 in both passes (the visible case's T = 40 is then less than two tiles)
+    "flash_tile_32": {"replace": {S3: edit(edit(FLASH, "is_causal=is_causal, tile=16)", "is_causal=is_causal, tile=32)"),
+                                           "tile, tq, tk, d = 16,", "tile, tq, tk, d = 32,")}},
+    # online softmax guarding the masked first block with nan_to_num instead of a safe max
+    "softmax_nan_to_num": {"replace": {S1: edit(edit(SOFTMAX, '        safe = torch.where(m_new == float("-inf"), 0.0, m_new)\n', ""),
+                                                "l = l * torch.exp(m - safe) + torch.exp(xb - safe[..., None])",
+                                                "l = torch.nan_to_num(l * torch.exp(m - m_new)) + "
+                                                "torch.nan_to_num(torch.exp(xb - m_new[..., None]))")}},
     # a different valid algorithm: per query tile, a first pass over the key tiles for the max, then the sum
     # and the output (scores computed twice, never all at once)
     "two_pass_tiles": {"replace": {S2: '''def tiled_attention(q, k, v, is_causal=False, tile=64):

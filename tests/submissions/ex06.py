@@ -68,6 +68,17 @@ WRONG = {
     # 6.2: reduced to the owner, but the other ranks keep their (partial-sum) gradients
     "zero2_keeps_grads": {"replace": {S2: edit(ZERO2, "                p.grad = None", "                pass")},
                           "must_lose": ALL2, "must_keep": ALL1 + ALL3},
+    # a scheduler's lr changes (written into the outer optimizer's param_groups) never reach the inner optimizer
+    "ignores_scheduler": {"replace": {S1: edit(ZERO1, """            for i, g in zip(self.group_of, self.inner.param_groups):
+                # a scheduler changes the lr in self.param_groups: pass every setting on before stepping
+                g.update({k: v for k, v in self.param_groups[i].items() if k != "params"})
+""", "")}, "must_lose": ALL1 + ALL2, "must_keep": ALL3},
+    # 6.3: rank 0's load (it takes the largest tensor) instead of the fullest rank's
+    "rank0_load": {"replace": {S3: edit(MEM, MEM_LOAD, "    psi, mine = sum(numels), load[0]")},
+                   "must_lose": ALL3, "must_keep": ALL1 + ALL2},
+    # 6.3: greedy in list order instead of largest first
+    "list_order_greedy": {"replace": {S3: edit(MEM, "for n in sorted(numels, reverse=True):", "for n in numels:")},
+                          "must_lose": ALL3, "must_keep": ALL1 + ALL2},
     # the library's optimizer and memlab's formula instead of the learner's own: off limits, caught by the profiler
     "library_shortcuts": {
         "replace": {S1: "from torch.distributed.optim import ZeroRedundancyOptimizer as ShardedOptimizer",

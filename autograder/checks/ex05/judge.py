@@ -7,9 +7,25 @@ import math
 
 import torch
 
-from ..common import allclose, expect_type
-from .cases import qkv, softmax_input
+from ..common import expect_type
+from .cases import largest_allowed, qkv, softmax_input
 from .refs import naive_attention
+
+
+def allclose(name, got, want, rtol=1e-5, atol=1e-6):
+    """Elementwise comparison in float64 whose message names the worst entry and what it got, never the
+    expected value (hidden cases must not leak the reference)."""
+    g = torch.tensor(got, dtype=torch.float64)
+    w = want.double() if isinstance(want, torch.Tensor) else torch.tensor(want, dtype=torch.float64)
+    if g.shape != w.shape:
+        raise AssertionError(f"{name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+    bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        nan = int(torch.isnan(g).sum())
+        raise AssertionError(f"{name} differs from the reference at flat index {i} (got {g.flatten()[i].item():.6g}; "
+                             f"{int(bad.sum())} of {bad.numel()} entries off"
+                             + (f", {nan} of them NaN" if nan else "") + ")")
 
 
 # ----------------------------------------------------------------------------- task 5.1: online softmax
@@ -26,17 +42,30 @@ def softmax_judge(case, got):
                 "l = l * exp(m_old - m_new) + sum(exp(x_block - m_new)).") if case["rising"] else ""
         hint += " Rows are not a whole number of blocks: is the last, partial block included?" \
             if case["n"] % case["block"] else ""
+        if case.get("shift"):
+            hint += (" These rows lie hundreds below (or above) zero and far apart from each other: start the "
+                     "running max at -inf, not 0, and keep one max per row (a max over all rows underflows "
+                     "exp(x - m) to 0 in the lower rows).")
+        if case.get("inf_first"):
+            hint += (f" Rows {case['inf_first']} start with a whole block of -inf: their running max is still -inf "
+                     f"after it, and exp(-inf - (-inf)) is NaN; rescale with exp(m - m_new) only where m_new is "
+                     f"finite (e.g. subtract a max of 0 where it is -inf).")
         raise AssertionError(f"{e} [{case['rows']} rows of {case['n']}, block {case['block']}]{hint}") from None
 
 
 # ----------------------------------------------------------------------------- task 5.2 and 5.3: attention
-def _no_full_matrix(case, largest):
-    lead = math.prod(case["lead"]) if case["lead"] else 1
-    full = lead * case["tq"] * case["tk"]
-    if largest * 2 >= full:
-        raise AssertionError(f"some operation produced a tensor of {largest} elements, at least half the "
-                             f"{full}-element score matrix (..., {case['tq']}, {case['tk']}): work tile by tile "
-                             f"(tile {case['tile']}) so no tensor holds all the scores")
+def _no_full_matrix(case, largest, tile):
+    """No tensor larger than one (..., tile, tile) score tile or the (..., T, d) inputs and outputs: a strip of
+    one query tile against all the keys (no key tiles) or all the queries against one key tile is too large."""
+    bound = largest_allowed(case, tile)
+    if largest > bound:
+        lead = math.prod(case["lead"]) if case["lead"] else 1
+        raise AssertionError(
+            f"some operation produced a tensor of {largest} elements; with tile {tile} the largest tensor may be "
+            f"{bound} elements: a (..., tile, tile) score tile or a tensor the size of q, k, v or the output "
+            f"(scores (..., {case['tq']}, {case['tk']}), {lead * case['tq'] * case['tk']} elements in all). Loop "
+            f"over query tiles AND, inside, over key tiles of `tile` keys with the online softmax, so no tensor "
+            f"holds a whole row of scores")
 
 
 def _causal_hint(case):
@@ -57,7 +86,7 @@ def tiled_judge(case, got):
         except AssertionError as e:
             raise AssertionError(f"{e} [{shape}, tile {case['tile']}, causal={case['causal']}]"
                                  f"{_causal_hint(case)}") from None
-    _no_full_matrix(case, got["largest"])
+    _no_full_matrix(case, got["largest"], case["tile"])
 
 
 def flash_judge(case, got):
@@ -86,7 +115,16 @@ def flash_judge(case, got):
         raise AssertionError(f"forward saved tensors of shapes {got['saved']}; save exactly q, k, v, the output "
                              f"and the logsumexp {lead + [case['tq']]} with ctx.save_for_backward, and recompute "
                              f"the probabilities in backward")
-    _no_full_matrix(case, got["largest"])
+    tiles = got.get("tiles") or []
+    if tiles:           # the tile your forward passed to tiled_attention bounds both passes
+        _no_full_matrix(case, got["largest"], max(expect_type("tile", t, int) for t in tiles))
+    else:               # tiled_attention was not called: no tensor of half the scores or more
+        lead = math.prod(case["lead"]) if case["lead"] else 1
+        full = lead * case["tq"] * case["tk"]
+        if got["largest"] * 2 >= full:
+            raise AssertionError(f"some operation produced a tensor of {got['largest']} elements, at least half the "
+                                 f"{full}-element score matrix (..., {case['tq']}, {case['tk']}): work tile by "
+                                 f"tile so no tensor holds all the scores")
     if case.get("growth"):
         p1, p2 = (expect_type("peak", p, int) for p in got["peaks"])
         # linear terms double with T, T x T terms quadruple; at these sizes a kept score matrix gives > 3x

@@ -4,6 +4,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -69,9 +73,54 @@ def _peak_fwd_bwd(FlashAttention, case, t):
     return tracker.peak
 
 
+@contextlib.contextmanager
+def _record_tiles(FlashAttention):
+    """While FlashAttention runs, the `tile` its forward passes to the notebook's tiled_attention (task 5.2),
+    recorded by wrapping that name in forward's globals (restored afterwards); the judge bounds the largest
+    tensor by that tile. Nothing recorded when forward does not call tiled_attention."""
+    tiles: list[int] = []
+    forward = getattr(FlashAttention, "forward", None)
+    ns = getattr(forward, "__globals__", None)
+    original = ns.get("tiled_attention") if isinstance(ns, dict) else None
+    if not callable(original):
+        yield tiles
+        return
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        yield tiles
+        return
+
+    @functools.wraps(original)
+    def recording(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            tile = bound.arguments.get("tile")
+            if isinstance(tile, int) and not isinstance(tile, bool):
+                tiles.append(tile)
+        except TypeError:
+            pass
+        return original(*args, **kwargs)
+
+    ns["tiled_attention"] = recording
+    try:
+        yield tiles
+    finally:
+        if ns.get("tiled_attention") is recording:
+            ns["tiled_attention"] = original
+
+
 def flash_run(case, FlashAttention):
     if not (isinstance(FlashAttention, type) and issubclass(FlashAttention, torch.autograd.Function)):
         raise TypeError("FlashAttention must be a subclass of torch.autograd.Function")
+    with _record_tiles(FlashAttention) as tiles:
+        res = _flash_run(case, FlashAttention)
+    res["tiles"] = sorted(set(tiles))
+    return res
+
+
+def _flash_run(case, FlashAttention):
     q, k, v = qkv(case, requires_grad=True)
     saved = []
 

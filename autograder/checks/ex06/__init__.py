@@ -7,7 +7,8 @@ reachable from the learner's: its own and any inner one) and for which parameter
 holds gradients for, and the bytes of each collective issued inside `step()` (memlab's CommCounter). The
 judge reruns the same model and data on ONE process with the unsharded torch.optim optimizer, averaging the
 N ranks' gradients, and compares (`refs.reference_run`). Task 6.3's reference is the per-rank bytes term by
-term over a largest-first greedy assignment computed with a heap (`refs.reference_rank_bytes`).
+term over the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_partition_loads`, its
+`_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
 """
 
 from __future__ import annotations

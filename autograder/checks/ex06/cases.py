@@ -9,7 +9,7 @@ LAYOUTS = {   # bytes per element: weights, gradients, optimizer state (Rajbhand
 }
 
 
-def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3):
+def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3, gamma=None):
     depth = r.randint(3, 4)
     h = r.randint(17, 29)
     widths = [r.randint(4, 9)] + [h + r.randint(-2, 2) for _ in range(depth)]
@@ -22,17 +22,21 @@ def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3):
     return {"seed": r.randrange(2**31), "world": world, "widths": widths, "d_out": r.randint(2, 5),
             "batch": r.randint(3, 6), "steps": steps, "opt": opt, "kwargs": kwargs, "groups": groups,
             "bias_lr": round(kwargs["lr"] * r.choice([0.3, 0.5, 2.0]), 4), "frozen": frozen, "unused": unused,
-            "shared": shared}
+            "shared": shared, "gamma": gamma}
 
 
 def dp_cases(hidden, r):
     """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups, a frozen parameter,
-    an unused one, a shared one, two different world sizes among 2-4, sizes that do not divide evenly."""
+    an unused one, a shared one, a learning-rate scheduler changing the outer optimizer's lr after every step
+    (the AdamW case; the SGD case half the time), two different world sizes among 2-4, sizes that do not
+    divide evenly."""
     if not hidden:
-        return [_case(r, 2, "adamw", groups=True, frozen=True, unused=True, shared=True, steps=2)]
+        return [_case(r, 2, "adamw", groups=True, frozen=True, unused=True, shared=True, steps=2, gamma=0.5)]
     n1, n2 = r.sample([2, 3, 4], 2)
-    return [_case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False),
-            _case(r, n2, "sgd", groups=r.random() < 0.5, frozen=r.random() < 0.5, unused=False, shared=True)]
+    return [_case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False,
+                  gamma=r.choice([0.3, 0.5, 2.0])),
+            _case(r, n2, "sgd", groups=r.random() < 0.5, frozen=r.random() < 0.5, unused=False, shared=True,
+                  gamma=r.choice([None, 0.5, 2.0]))]
 
 
 def _uneven(r, k):
@@ -44,18 +48,33 @@ def _uneven(r, k):
     return sizes
 
 
+def list_order_loads(numels: list[int], world: int) -> list[int]:
+    """Elements per rank when tensors go in list order (not largest first) to the least loaded rank: a mistake
+    every hidden case of task 6.3 tells apart."""
+    loads = [0] * world
+    for n in numels:
+        loads[loads.index(min(loads))] += n
+    return loads
+
+
 def mem_cases(hidden, r):
+    """Every hidden run: stages 0-3, both layouts; every sharded case (stage >= 1) uneven (the fullest rank holds
+    more than Psi / N), with its fullest rank NOT rank 0 (which takes the largest tensor), and with a fullest
+    rank that assigning in list order instead of largest first gets wrong."""
     if not hidden:
-        return [{"numels": [4096, 64, 4096, 64, 1000, 10, 50257], "stage": 2, "world": 4, "layout": "bf16_adam"}]
-    from .refs import reference_rank_bytes      # drawn in the trusted grader only: run.py never imports refs
+        return [{"numels": [4096, 64, 4096, 64, 1000, 10, 50257], "stage": 2, "world": 4, "layout": "bf16_adam"},
+                {"numels": [500, 400, 300, 300, 200], "stage": 3, "world": 2, "layout": "fp32_adam"}]
+    from .refs import zero_partition_loads      # drawn in the trusted grader only: run.py never imports refs
     layouts = ["bf16_adam", "fp32_adam", r.choice(list(LAYOUTS))]
     out = []
     for stage, layout in zip((1, 2, 3), layouts):
         while True:
             c = {"numels": _uneven(r, r.randint(3, 8)), "stage": stage, "world": r.randint(2, 8), "layout": layout}
-            ref = reference_rank_bytes(c["numels"], stage, c["world"], layout)
-            if ref["optimizer"] * c["world"] != LAYOUTS[layout]["optimizer"] * sum(c["numels"]):
-                break                                            # uneven: the largest rank holds more than 1/N
+            loads = zero_partition_loads(c["numels"], c["world"])
+            if (max(loads) * c["world"] != sum(c["numels"])      # uneven: the largest rank holds more than 1/N
+                    and loads[0] < max(loads)                    # the fullest rank is not rank 0
+                    and max(list_order_loads(c["numels"], c["world"])) != max(loads)):   # order matters
+                break
         out.append(c)
     out.append({"numels": _uneven(r, 3), "stage": 0, "world": r.randint(2, 8), "layout": r.choice(list(LAYOUTS))})
     return out

@@ -1,13 +1,12 @@
 """Exercise 06's trusted references: the unsharded torch.optim run on one process (the same model and data
-as the ranks, memlab.kit.ex06), and the per-rank bytes of task 6.3 term by term."""
+as the ranks, memlab.kit.ex06), and the per-rank bytes of task 6.3 term by term over the partition torch's
+ZeroRedundancyOptimizer makes."""
 
 from __future__ import annotations
 
-import heapq
-
 import torch
 
-from memlab.kit.ex06 import Net, batch, loss_fn, optimizer_cls, param_groups, unique_params
+from memlab.kit.ex06 import Net, batch, loss_fn, optimizer_cls, param_groups, scheduler, unique_params
 
 from .cases import LAYOUTS
 
@@ -27,6 +26,7 @@ def reference_run(case):
     else:
         groups = [p for p in groups if not (id(p) in seen or seen.add(id(p)))]
     opt = optimizer_cls(case)(groups, **case["kwargs"])
+    sched = scheduler(case, opt)                                 # the same schedule on the unsharded optimizer
     grads = [None] * len(params)
     for step in range(case["steps"]):
         per_rank = []
@@ -39,6 +39,8 @@ def reference_run(case):
             p.grad = None if gs[0] is None else sum(gs[1:], gs[0].clone()) / case["world"]
         grads = [None if p.grad is None else p.grad.clone() for p in params]
         opt.step()
+        if sched is not None:
+            sched.step()
     index = {id(p): i for i, p in enumerate(params)}
     state = [0] * len(params)
     for p, st in opt.state.items():
@@ -47,14 +49,19 @@ def reference_run(case):
 
 
 # ----------------------------------------------------------------------------- per-rank bytes (task 6.3)
-def greedy_loads(numels: list[int], world: int) -> list[int]:
-    """Elements per rank when whole tensors go, largest first, to the least loaded rank (a heap)."""
-    heap = [(0, r) for r in range(world)]
-    loads = [0] * world
-    for n in sorted(numels, reverse=True):
-        load, r = heapq.heappop(heap)
-        loads[r] = load + n
-        heapq.heappush(heap, (loads[r], r))
+def zero_partition_loads(numels: list[int], world: int) -> list[int]:
+    """Elements per rank as the library partitions whole tensors: torch's ZeroRedundancyOptimizer's own
+    `_partition_parameters` (largest first, each to the least loaded rank), run on meta tensors of these sizes
+    without a process group (only `world_size` and `param_groups` are read)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    zero = object.__new__(ZeroRedundancyOptimizer)               # no __init__: it would need a process group
+    zero.world_size = world
+    zero.param_groups = [{"params": [torch.empty(n, device="meta") for n in numels]}]
+    zero._partition_parameters_cache = []
+    parts = ZeroRedundancyOptimizer._partition_parameters(zero)
+    loads = [sum(p.numel() for g in groups for p in g["params"]) for groups in parts]
+    if len(loads) != world or sum(loads) != sum(numels):
+        raise RuntimeError(f"ZeroRedundancyOptimizer's partition of {numels} over {world} ranks gave {loads}")
     return loads
 
 
@@ -62,7 +69,7 @@ def reference_rank_bytes(numels: list[int], stage: int, world: int, layout: str)
     """The most loaded rank's bytes, category by category: a category is sharded from its stage on
     (optimizer state from stage 1, gradients from 2, weights from 3) and then holds only the rank's own
     tensors; before that it holds all of them."""
-    total, mine = sum(numels), max(greedy_loads(numels, world))
+    total, mine = sum(numels), max(zero_partition_loads(numels, world))
     b = LAYOUTS[layout]
     out = {"params": b["params"] * (mine if stage >= 3 else total),
            "grads": b["grads"] * (mine if stage >= 2 else total),
