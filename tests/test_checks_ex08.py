@@ -102,3 +102,59 @@ def test_fit_tools_raise_inside_the_learner_call_and_come_back():
             with pytest.raises(RuntimeError, match="off limits"):
                 f("llama-2-7b")
     assert (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search) == before
+
+
+# ----------------------------------------------------------------------------- results validated, headroom drawn
+def test_empty_short_or_missing_results_fail_never_pass_vacuously():
+    case = _tiny_cases(True, 3)[0]
+    good = decode(encode(ex08_run.train_step_run(case, _namespace()["train_step"])))
+    ex08_judge.train_step_judge(case, good)
+    forged = [{"calls": [], "steps": [], "final": []},
+              {**good, "calls": good["calls"][:1], "steps": good["steps"][:1]},
+              {**good, "steps": []},
+              {**good, "final": good["final"][:-1]},
+              {**good, "final": [v[:1] for v in good["final"]]},
+              {**good, "steps": [{**s, "proj": []} for s in good["steps"]]},
+              {k: v for k, v in good.items() if k != "final"},
+              {**good, "calls": [{**c, "blocks": "many"} for c in good["calls"]]}]
+    for got in forged:
+        with pytest.raises(AssertionError):
+            ex08_judge.train_step_judge(case, got)
+    plan_case = {"problem": PROBLEM}
+    with pytest.raises(AssertionError):
+        ex08_judge.fit_judge(plan_case, {"plan": {"micro_batch": 2, "checkpoint": 1, "optimizer": "fused"},
+                                         "full": {"fits": True, "peak": 0, "steady": 0, "steps": 1, "state": [],
+                                                  "wte": 2, "blocks": 8}, "tiny": {"calls": [], "steps": [],
+                                                                                    "final": []}})
+
+
+def test_hidden_plan_problems_draw_a_tight_and_a_loose_headroom():
+    for seed in range(50):
+        cases = ex08_cases.plan_cases(True, random.Random(seed))
+        hs = sorted(c["problem"]["headroom"] for c in cases)
+        assert len(cases) == 2 and {c["problem"]["batch"] for c in cases} == {p["batch"] for p in
+                                                                              ex08_cases.HIDDEN_PROBLEMS}
+        assert ex08_cases.LOOSE[0] <= hs[0] <= ex08_cases.LOOSE[1] and hs[1] >= min(t for t, _ in ex08_cases.TIGHT)
+
+
+@pytest.mark.slow
+def test_headroom_ranges_hold_against_the_grader_references():
+    """TIGHT: the plans that fit with 5% (both cheapest orders) no longer fit, and some plan does. LOOSE: the plain
+    recipe does not fit at full capacity minus the headroom, and one sequence per micro-batch and every block
+    checkpointed are dominated."""
+    from autograder.checks.ex08.refs import reference_front, reference_peak
+    for i, p in enumerate(ex08_cases.HIDDEN_PROBLEMS):
+        B, L = p["batch"], MODELS[p["model"]]["full"].n_layer
+        at5 = reference_front({**p, "headroom": 0.05})
+        cheapest_at5 = [min(at5.items(), key=lambda kv: (kv[1][0], kv[0])), min(at5.items())]  # n first, k first
+        for h in ex08_cases.TIGHT[i]:
+            q = {**p, "headroom": h}
+            assert reference_front(q)
+            for k, (n, m) in cheapest_at5:
+                assert reference_peak(q, {"micro_batch": m, "checkpoint": k, "optimizer": "fused"}) > \
+                    ex08_judge.usable(q), (q, k, m)
+        for h in ex08_cases.LOOSE:
+            q = {**p, "headroom": h}
+            front = reference_front(q)
+            assert reference_peak(q, {"micro_batch": B, "checkpoint": 0, "optimizer": "fused"}) > ex08_judge.usable(q)
+            assert dominating(q, (0, B), front) and dominating(q, (L, 1), front), (q, front)

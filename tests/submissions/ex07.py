@@ -56,6 +56,11 @@ def nf4_quantize(x, blocksize=64):
     # double quantization without subtracting the mean
     "dq_no_offset": {"replace": {S2: edit(DQ, "y = absmax - offset", "y = absmax; offset = torch.tensor(0.0)")},
                      **_lose(ALL2)},
+    # absmax2 as the largest centred value, max(y), not the largest magnitude max|y|: right only while the absmax
+    # values are right-skewed (every run has left-skewed and symmetric inputs)
+    "dq_max_not_absmax": {"replace": {S2: edit(DQ, "absmax2 = blocks.abs().amax(dim=1)",
+                                               "absmax2 = blocks.amax(dim=1)")},
+                          **_lose(["task7_2_double_quant_hidden"])},
     # bits per parameter forgetting to round the partial blocks up
     "bpp_floor": {"replace": {S2: edit(DQ, "blocks = -(-n // blocksize)", "blocks = n // blocksize")},
                   **_lose(["task7_2_double_quant_hidden"])},
@@ -66,6 +71,18 @@ def nf4_quantize(x, blocksize=64):
     "lora_B_random": {"replace": {S3: edit(LORA, "self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))",
                                             "self.lora_B = nn.Parameter(torch.randn(base.out_features, r) * 0.01)")},
                       **_lose(ALL3)},
+    # A drawn from a standard normal: about sqrt(3 d_in) times nn.Linear's scale (110x at 4096 inputs)
+    "lora_A_standard_normal": {"replace": {S3: edit(LORA, "nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))",
+                                                     "nn.init.normal_(self.lora_A)")},
+                               **_lose(ALL3)},
+    # kaiming_uniform_ without a=√5: U(-√(6/d_in), √(6/d_in)), √6 times too wide
+    "lora_A_kaiming_default": {"replace": {S3: edit(LORA, "nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))",
+                                                     "nn.init.kaiming_uniform_(self.lora_A)")},
+                               **_lose(ALL3)},
+    # A from a small normal: within nn.Linear's bound on few inputs, but neither its bound nor its spread on many
+    "lora_A_small_normal": {"replace": {S3: edit(LORA, "nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))",
+                                                  "nn.init.normal_(self.lora_A, std=0.01)")},
+                            **_lose(["task7_3_lora_linear_hidden"])},
     # the base weight left trainable
     "lora_base_trainable": {"replace": {S3: edit(LORA, "            p.requires_grad_(False)",
                                                   "            pass")},
@@ -90,6 +107,10 @@ def nf4_quantize(x, blocksize=64):
     # the previous, coarser accounting: bf16 norm outputs only, no fp32 norm inputs, layer 0 like the others
     "qlora_norms_bf16": {"replace": {S4: edit(MEM, "norm = 4 * C + 4", "norm = 2 * C")},
                          **_lose(ALL4)},
+    # sdpa's float32 logsumexp (4 H bytes per token and layer) forgotten
+    "qlora_no_logsumexp": {"replace": {S4: edit(MEM, " + 2 * C + 4 * H ", " + 2 * C ")}, **_lose(ALL4)},
+    # the RoPE cos/sin tables forgotten
+    "qlora_no_rope_tables": {"replace": {S4: edit(MEM, " + 2 * 2 * seq * d", "")}, **_lose(ALL4)},
     # AdamW state in fp32 (8 bytes per parameter) and no step tensors
     "qlora_adam_fp32": {"replace": {S4: edit(MEM, '"optimizer": 4 * n_adapter + 4 * 14 * L',
                                               '"optimizer": 8 * n_adapter')},
@@ -108,4 +129,12 @@ RIGHT = {
                                                     "self.scaling",
                                               "h = F.linear(self.dropout(x), self.lora_A)\n"
                                               "        return out + self.scaling * F.linear(h, self.lora_B)")}},
+    # the other evaluation order: the (d_out, d_in) update B @ A formed first, scaled, then applied to x
+    "lora_merged_order": {"replace": {S3: edit(LORA, "return out + self.dropout(x) @ self.lora_A.T @ self.lora_B.T * "
+                                                     "self.scaling",
+                                               "return out + self.dropout(x) @ (self.scaling * self.lora_B @ "
+                                               "self.lora_A).T")}},
+    # absmax2 as max(max(y), -min(y)): the largest magnitude on either side, the same as max|y|
+    "dq_two_sided_max": {"replace": {S2: edit(DQ, "absmax2 = blocks.abs().amax(dim=1)",
+                                              "absmax2 = torch.maximum(blocks.amax(dim=1), -blocks.amin(dim=1))")}},
 }

@@ -104,6 +104,15 @@ _ALWAYS_ONE_SEQUENCE = _GOOD_FITS + _SEARCH.format(ks="range(L + 1)", mbs="[1]",
 _ONLY_DIVISORS = _GOOD_FITS + _SEARCH.format(ks="range(L + 1)", mbs="[d for d in range(B, 0, -1) if B % d == 0]",
                                              opt="fused")
 
+# a headroom hard-coded to the visible problem's 5% instead of the problem's own
+_FIXED_HEADROOM = _fits("run.fits and steady <= gpu.capacity * 0.95")
+
+# a train_step that does nothing: nothing trains, and every plan "fits"
+_DOES_NOTHING = '''
+def train_step(model, optimizer, x, y, plan):
+    pass
+'''
+
 _T1 = ["task8_1_train_step_visible", "task8_1_train_step_hidden"]
 _T2 = ["task8_2_make_it_fit_visible", "task8_2_make_it_fit_hidden"]
 _T3 = ["task8_3_cheapest_plan_visible", "task8_3_cheapest_plan_hidden"]
@@ -125,12 +134,37 @@ WRONG = {
         "must_keep": _T1},
     "checkpoint_every_block": {
         "replace": {"task8_2_make_it_fit": _ALWAYS_ALL_BLOCKS}, "must_lose": _T3, "must_keep": _T1 + _T2},
+    "headroom_hard_coded_5_percent": {
+        "replace": {"task8_2_make_it_fit": _FIXED_HEADROOM},
+        "must_lose": ["task8_2_make_it_fit_hidden", "task8_3_cheapest_plan_hidden"],
+        "must_keep": _T1 + ["task8_2_make_it_fit_visible", "task8_3_cheapest_plan_visible"],
+        "alone": True},   # plan_for measures with train_step: not in a notebook with a wrong train_step
+    "train_step_does_nothing": {
+        "replace": {"task8_1_train_step": _DOES_NOTHING}, "must_lose": _T1 + _T2 + _T3},
     "one_sequence_per_micro_batch": {
         "replace": {"task8_2_make_it_fit": _ALWAYS_ONE_SEQUENCE}, "must_lose": ["task8_3_cheapest_plan_hidden"],
         "must_keep": _T1},
 }
 
 RIGHT = {
+    # zeroes the gradients in place after the step, then frees them: the step saw the right gradients
+    "zero_in_place_after_the_step": {"replace": {"task8_1_train_step": '''
+def train_step(model, optimizer, x, y, plan):
+    B = x.shape[0]
+    for s in range(0, B, plan["micro_batch"]):
+        xb, yb = x[s:s + plan["micro_batch"]], y[s:s + plan["micro_batch"]]
+        h, rope = model.embed(xb)
+        for i, block in enumerate(model.blocks):
+            h = checkpoint(block, h, rope, use_reentrant=False) if i < plan["checkpoint"] else block(h, rope)
+        loss = model.loss(model.ln_f(h), yb) * (xb.shape[0] / B)
+        del h
+        loss.backward()
+        del loss
+    optimizer.step()
+    for p in model.parameters():
+        p.grad.zero_()
+    optimizer.zero_grad(set_to_none=True)
+'''}},
     # less recomputation first, then fewer micro-batches: another plan that nothing beats on both counts
     "recompute_least_first": {"replace": {"task8_2_make_it_fit": _GOOD_FITS + '''
 def plan_for(problem):

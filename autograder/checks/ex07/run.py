@@ -134,6 +134,7 @@ def lora_run(case, LoRALinear):
     A, B, x, gout = lora_tensors(case)
     had_peft = "peft" in sys.modules
     with _no_peft("task7_3_lora_linear"), _no_bitsandbytes("task7_3_lora_linear") as mode:
+        torch.manual_seed(case["seed"] + 3)                     # A's initialisation: reproducible per case
         layer = LoRALinear(base, case["r"], case["alpha"], case["dropout"])
         if not isinstance(layer, nn.Module):
             raise TypeError(f"LoRALinear(...) must be an nn.Module, got {type(layer).__name__}")
@@ -145,7 +146,10 @@ def lora_run(case, LoRALinear):
             raise AssertionError("LoRALinear must keep the Linear it was given as `self.base` (not a copy)")
         a0, b0 = _tensor("lora_A", layer.lora_A), _tensor("lora_B", layer.lora_B)
         init = {"A_shape": list(a0.shape), "B_shape": list(b0.shape), "A_nonzero": bool((a0 != 0).any()),
-                "B_zero": bool((b0 == 0).all())}
+                "B_zero": bool((b0 == 0).all()),
+                "A_absmax": float(a0.detach().abs().max()) if a0.numel() else 0.0,
+                "A_rms": float(a0.detach().double().pow(2).mean().sqrt()) if a0.numel() else 0.0,
+                "A_finite": bool(torch.isfinite(a0.detach()).all())}
         trainable = sorted([n, list(p.shape)] for n, p in layer.named_parameters() if p.requires_grad)
         layer.eval()
         with torch.no_grad():

@@ -10,8 +10,12 @@ memlab.kit.ex08; the grader's references: refs.py).
   virtual GPU must not exceed the grader's own implementation of the same plan.
 - task8_2_make_it_fit: plan_for(problem) at full size on the problem's virtual GPU: steady state (memlab.clinic,
   as exercise 04) within capacity minus headroom, and on the tiny instance the same training as the recipe.
-- task8_3_cheapest_plan: no fitting plan of the option grid is cheaper on one count (blocks recomputed,
-  micro-batches) and no dearer on the other; the grader finds the fitting plans by brute force.
+  Hidden: two problems a run, each with a drawn headroom, one tight (above 5%) and one loose (cases.py).
+- task8_3_cheapest_plan: the plan fits (with the learner's step and with the grader's own), and no fitting plan
+  of the option grid is cheaper on one count (blocks recomputed, micro-batches) and no dearer on the other; the
+  grader finds the fitting plans by brute force.
+Every result field is validated against the case before judging (present, exact type, length): an empty or short
+list fails, never passes vacuously. Gradients are recorded as copies when the optimizer steps.
 memlab.fit and memlab.fit_search (if this memlab has them) raise inside the learner's calls.
 """
 

@@ -12,6 +12,7 @@ from memlab.kit.ex08 import MODELS, OPTIMIZERS
 from ..common import torch_seed
 
 TINY_STEPS = 3
+PLAN_TINY_STEPS = 2        # the tiny instance of a plan_for plan (tasks 8.2 and 8.3)
 VISIBLE_PROBLEM = {"model": "gpt-0.8b", "gpu": "T4-16GB", "batch": 4, "seq": 1024, "headroom": 0.05}
 HIDDEN_PROBLEMS = [   # each needs checkpointing or micro-batches, and AdamW's state decides what fits
     {"model": "gpt-1.1b", "gpu": "L4-24GB", "batch": 6, "seq": 1024, "headroom": 0.05},
@@ -52,10 +53,25 @@ def train_step_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task8_2 and task8_3
+# The headroom of a hidden problem is drawn. In every run one problem draws it from its TIGHT range: more than 5%,
+# so that the plan that fits with 5% (whichever cheapest order found it) no longer fits, while a plan still
+# does (a headroom hard-coded to 5% loses); the other from the LOOSE range around 5%, where a plan that fits
+# only at full capacity does not, and where one sequence per micro-batch or every block checkpointed is dearer
+# than needed. The ranges come from the grader's steady-state peaks of every plan (fractions of the L4's
+# capacity; tests/test_checks_ex08.py checks them against the references):
+#   batch 6 x 1024: cheapest at 5%: (k=1, n=1) 0.898 and (k=0, n=2) 0.898; floor (every plan's least) 0.876
+#   batch 5 x 1280: cheapest at 5%: (k=1, n=1) 0.912 and (k=0, n=2) 0.906; floor 0.876
+TIGHT = [(0.105, 0.120), (0.098, 0.120)]          # per HIDDEN_PROBLEMS entry
+LOOSE = (0.03, 0.07)
+
+
 def plan_cases(hidden, r):
     if not hidden:
         return [{"problem": VISIBLE_PROBLEM}]
-    return [{"problem": r.choice(HIDDEN_PROBLEMS)}]
+    tight = r.randrange(len(HIDDEN_PROBLEMS))
+    loose = r.choice([i for i in range(len(HIDDEN_PROBLEMS)) if i != tight])
+    return [{"problem": {**HIDDEN_PROBLEMS[tight], "headroom": round(r.uniform(*TIGHT[tight]), 3)}},
+            {"problem": {**HIDDEN_PROBLEMS[loose], "headroom": round(r.uniform(*LOOSE), 3)}}]
 
 
 # ----------------------------------------------------------------------------- what a gradient is reduced to

@@ -9,14 +9,54 @@ import memlab
 from memlab.kit.ex08 import MODELS, build
 
 from ..common import expect_type, mb
-from .cases import norm, project
-from .refs import cost, dominating, n_micro, reference_front, reference_peak, reference_tiny_run, usable
+from .cases import PLAN_TINY_STEPS, TINY_STEPS, norm, project
+from .refs import (cost, dominating, n_micro, reference_fits, reference_front, reference_peak,
+                   reference_tiny_run, usable)
 
 
 # ----------------------------------------------------------------------------- judging helpers
 def _desc(problem, plan=None):
     d = f"{problem['model']} on the {problem['gpu']}, batch {problem['batch']} x {problem['seq']} tokens"
     return d + (f", plan {plan}" if plan is not None else "")
+
+
+def _field(got, key, kind, where, length=None):
+    """got[key], present, of exactly `kind` and (for lists) of `length` entries: a short or empty list is a
+    failure, never a vacuous pass."""
+    if type(got) is not dict or key not in got:
+        raise AssertionError(f"{where}: the run's result has no {key!r} (the check could not observe your step)")
+    v = got[key]
+    if type(v) is not kind and not (kind is float and type(v) is int and type(v) is not bool):
+        raise AssertionError(f"{where}: the run's {key!r} is a {type(v).__name__}, not a {kind.__name__}")
+    if length is not None and len(v) != length:
+        raise AssertionError(f"{where}: the run's {key!r} has {len(v)} entries where the case has {length}")
+    return v
+
+
+def _validate_calls(got, where, n_calls=None):
+    calls = _field(got, "calls", list, where, n_calls) if "calls" in got or n_calls is not None else [got]
+    for c in calls:
+        for key in ("wte", "blocks") + (("steps",) if "steps" in c or n_calls is not None else ()):
+            _field(c, key, int, where)
+    return calls
+
+
+def _validate_tiny(problem, got, n_calls, where):
+    """The tiny run's result has one entry per call, one optimizer step per call, one projection of 32 numbers per
+    step, and every parameter's final values (as many as the parameter has)."""
+    _validate_calls(got, where, n_calls)
+    shapes = [p.numel() for p in build(problem, {"optimizer": "foreach", "micro_batch": 1, "checkpoint": 0}, "tiny",
+                                       0)[0].parameters()]
+    steps = _field(got, "steps", list, where, n_calls)
+    for st in steps:
+        _field(st, "missing", list, where)
+        _field(st, "unknown", int, where)
+        _field(st, "proj", list, where, 32)
+        _field(st, "norm", float, where)
+    final = _field(got, "final", list, where, len(shapes))
+    for i, (vals, n) in enumerate(zip(final, shapes)):
+        if type(vals) is not list or len(vals) != n:
+            raise AssertionError(f"{where}: the run's final values of parameter {i} are not {n} numbers")
 
 
 def _judge_calls(problem, plan, got, where):
@@ -37,11 +77,14 @@ def _judge_calls(problem, plan, got, where):
             f"(..., use_reentrant=False) and call the others plainly.")
 
 
-def _judge_tiny(problem, plan, case, got, where):
+def _judge_tiny(problem, plan, case, got, where, n_calls=TINY_STEPS):
+    expect_type("the tiny run's result", got, dict)
     if "raised" in got:
         raise AssertionError(f"{where}: train_step raised {got['raised']} on the tiny instance (real CPU tensors)")
-    _judge_calls(problem, plan, got, where)
-    ref_grads, ref_final = reference_tiny_run(problem, case["seed"], case["data_seed"], len(got["calls"]))
+    _validate_calls(got, where, n_calls)
+    _judge_calls(problem, plan, got, where)            # one optimizer step per call: as many steps as calls
+    _validate_tiny(problem, got, n_calls, where)
+    ref_grads, ref_final = reference_tiny_run(problem, case["seed"], case["data_seed"], n_calls)
     for s, (mine, ref) in enumerate(zip(got["steps"], ref_grads)):
         if mine["unknown"]:
             raise AssertionError(f"{where}: the optimizer holds {mine['unknown']} tensors that are not the model's "
@@ -83,7 +126,18 @@ def _judge_tiny(problem, plan, case, got, where):
         f"once per train_step and do not change its settings.")
 
 
+def _validate_full(got, where):
+    expect_type("the full-size run's result", got, dict)
+    if "raised" in got:
+        return
+    _field(got, "fits", bool, where)
+    for key in ("peak", "steady", "wte", "blocks", "steps"):
+        _field(got, key, int, where)
+    _field(got, "state", list, where)
+
+
 def _judge_full_fits(problem, plan, got, where):
+    _validate_full(got, where)
     if "raised" in got:
         raise AssertionError(f"{where}: at full size train_step raised {got['raised']}. It runs on the virtual GPU's "
                              f"fake tensors: do not read values (.item(), print(tensor)).")
@@ -99,10 +153,10 @@ def _judge_full_fits(problem, plan, got, where):
                      f"AdamW's {mb(got['state'][0] if got['state'] else 0)} of state is alive during forward and "
                      f"backward too: measure the steady state (memlab.clinic.run_full_size).")
         elif got["steady"] <= cap:
-            extra = (f" It would squeeze under the capacity itself, but keep {problem['headroom']:.0%} free for the "
+            extra = (f" It would squeeze under the capacity itself, but keep {problem['headroom']:.1%} free for the "
                      f"CUDA context, cuBLAS workspaces and fragmentation, which the virtual GPU does not model.")
         raise AssertionError(f"{where}: peaks at {mb(got['steady'])} in steady state; the {problem['gpu']} "
-                             f"({mb(cap)}) leaves {mb(room)} after {problem['headroom']:.0%} headroom.{extra}")
+                             f"({mb(cap)}) leaves {mb(room)} after {problem['headroom']:.1%} headroom.{extra}")
 
 
 # ----------------------------------------------------------------------------- task8_1
@@ -113,6 +167,7 @@ def train_step_judge(case, got):
     if case["part"] == "tiny":
         return _judge_tiny(problem, plan, case, got, f"train_step on a tiny {problem['model']}, batch "
                                                      f"{problem['batch']}, plan {plan}")
+    _validate_full(got, where)
     if "raised" in got:
         raise AssertionError(f"{where}: raised {got['raised']}")
     _judge_calls(problem, plan, got, where)
@@ -141,7 +196,8 @@ def fit_judge(case, got):
     problem = case["problem"]
     where = _judge_plan_valid(problem, got)
     _judge_full_fits(problem, got["plan"], got["full"], where)
-    _judge_tiny(problem, got["plan"], {"seed": 808, "data_seed": 88}, got["tiny"], where + " (tiny instance)")
+    _judge_tiny(problem, got["plan"], {"seed": 808, "data_seed": 88}, _field(got, "tiny", dict, where),
+                where + " (tiny instance)", n_calls=PLAN_TINY_STEPS)
 
 
 def cheap_judge(case, got):
@@ -149,8 +205,11 @@ def cheap_judge(case, got):
     problem = case["problem"]
     where = _judge_plan_valid(problem, got)
     plan = got["plan"]
-    full = got["full"]
-    if "raised" in full or not full["fits"] or full["steady"] > usable(problem):
+    full = _field(got, "full", dict, where)
+    _validate_full(full, where)
+    # it must fit with the learner's step and with the grader's own step for the same plan (a step that does not
+    # train, or skips work, must not make a plan look as if it fitted)
+    if "raised" in full or not full["fits"] or full["steady"] > usable(problem) or not reference_fits(problem, plan):
         raise AssertionError(f"{where}: this plan does not fit in steady state with headroom (task 8.2 says why); "
                              f"the cheapest plan must first fit.")
     front = reference_front(problem)

@@ -13,7 +13,7 @@ from memlab.checkpointing import ForwardCounter
 from memlab.clinic import run_full_size
 from memlab.kit.ex08 import batch_data, build, plan_error
 
-from .cases import TINY_STEPS, norm, project
+from .cases import PLAN_TINY_STEPS, TINY_STEPS, norm, project
 
 
 # ----------------------------------------------------------------------------- learner-side helpers
@@ -47,7 +47,8 @@ def _tiny_run(problem, plan, train_step, seed, data_seed, steps=TINY_STEPS):
     seen = []
 
     def pre_step(o, args, kwargs):
-        grads = {index[id(p)]: p.grad for g in o.param_groups for p in g["params"] if id(p) in index}
+        grads = {index[id(p)]: None if p.grad is None else p.grad.detach().clone()     # copies: what the step sees,
+                 for g in o.param_groups for p in g["params"] if id(p) in index}          # whatever happens after
         seen.append({"missing": [i for i, gr in sorted(grads.items()) if gr is None],
                      "unknown": sum(1 for g in o.param_groups for p in g["params"] if id(p) not in index),
                      "grads": [grads.get(i) for i in range(len(params))]})
@@ -130,7 +131,7 @@ def _plan_and_measure(problem, plan_for, train_step):
                 out["plan"] = None
             else:
                 out["full"] = _safe(_full_run, problem, plan, train_step)
-                out["tiny"] = _safe(_tiny_run, problem, plan, train_step, 808, 88, 2)
+                out["tiny"] = _safe(_tiny_run, problem, plan, train_step, 808, 88, PLAN_TINY_STEPS)
         _PLANS[key] = out
     return _PLANS[key]
 
