@@ -96,6 +96,7 @@ _ORDERS = {
 }
 
 
+@pytest.mark.slow          # 12 hidden draws of wide layers per order: minutes on 2 cores
 @pytest.mark.parametrize("order", sorted(_ORDERS))
 def test_lora_in_any_evaluation_order_passes_every_draw(order):
     from submissions.ex07 import LORA, S3
