@@ -38,12 +38,18 @@ def main(argv=None) -> int:
         out = subprocess.run(["bash", ".ci/run"], cwd=clone, capture_output=True, text=True,
                              env={**os.environ, "CI": "true"}, stdin=subprocess.DEVNULL)
         took = time.perf_counter() - t0
-    summary = [ln for ln in out.stdout.splitlines() if re.search(r"\d+ passed", ln)]
+    lines = out.stdout.splitlines()
+    summary = [ln for ln in lines if re.search(r"\d+ passed", ln)]
     counts = summary[-1].strip("= ") if summary else "no pytest summary line"
+    # the ten slowest tests (from --durations in .ci/run): where CI's time goes
+    start = next((i for i, ln in enumerate(lines) if "slowest" in ln and "durations" in ln), None)
+    slowest = [ln.strip() for ln in lines[start + 1:start + 11]] if start is not None else []
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = (f"`python benchmarks/bench_ci.py --write` ({datetime.date.today()}, commit {head}, {os.cpu_count()} "
             f"cores, load average {load:.1f} at the end): `.ci/run` in a fresh clone took **{took / 60:.1f} min** "
             f"(exit {out.returncode}), including creating `.venv` from pip's cache; pytest: {counts}.")
+    if slowest:
+        text += "\n\nThe ten slowest tests of that run:\n\n" + "\n".join(f"    {ln}" for ln in slowest)
     print(text)
     if out.returncode != 0:
         print(out.stdout[-4000:], out.stderr[-4000:], sep="\n")
