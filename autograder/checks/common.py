@@ -101,7 +101,8 @@ def expect_type(name: str, value, kind: type):
 
 
 def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    """Nested lists of floats compared elementwise with a message naming the worst entry."""
+    """Nested lists of floats compared elementwise in float64, with a message naming the worst entry and what the
+    learner's result holds there - never the expected value (hidden cases must not leak the reference)."""
     g = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
     w = torch.tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
     if g.shape != w.shape:
@@ -109,9 +110,10 @@ def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> No
     bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(f"{name} differs from the reference at flat index {i}: got {g.flatten()[i].item():.6g}, "
-                             f"expected {w.flatten()[i].item():.6g} ({int(bad.sum())} of {bad.numel()} entries off)")
-
+        nan = int(torch.isnan(g).sum())
+        raise AssertionError(f"{name} differs from the reference at flat index {i} (got {g.flatten()[i].item():.6g}; "
+                             f"{int(bad.sum())} of {bad.numel()} entries off"
+                             + (f", {nan} of them NaN" if nan else "") + ")")
 
 
 def rng(hidden: bool, fixed_seed: int = 0) -> random.Random:

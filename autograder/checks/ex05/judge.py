@@ -7,25 +7,9 @@ import math
 
 import torch
 
-from ..common import expect_type
+from ..common import allclose, expect_type
 from .cases import largest_allowed, qkv, softmax_input
 from .refs import naive_attention
-
-
-def allclose(name, got, want, rtol=1e-5, atol=1e-6):
-    """Elementwise comparison in float64 whose message names the worst entry and what it got, never the
-    expected value (hidden cases must not leak the reference)."""
-    g = torch.tensor(got, dtype=torch.float64)
-    w = want.double() if isinstance(want, torch.Tensor) else torch.tensor(want, dtype=torch.float64)
-    if g.shape != w.shape:
-        raise AssertionError(f"{name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}")
-    bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        nan = int(torch.isnan(g).sum())
-        raise AssertionError(f"{name} differs from the reference at flat index {i} (got {g.flatten()[i].item():.6g}; "
-                             f"{int(bad.sum())} of {bad.numel()} entries off"
-                             + (f", {nan} of them NaN" if nan else "") + ")")
 
 
 # ----------------------------------------------------------------------------- task 5.1: online softmax
