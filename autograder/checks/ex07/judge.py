@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..common import expect_int, expect_type
+from ..common import allclose, expect_int, expect_type
 from .cases import DQ_BLOCK, GLOBAL_STATE, absmax_input, base_linear, lora_tensors, nf4_input
 from .refs import bpp_reference, measured_activations, measured_states, peft_reference, states_closed_form
 
@@ -95,18 +95,12 @@ def nf4_judge(case, got):
 
 
 def _same(name, got, want, rtol, atol, what, hint=""):
-    """Elementwise within rtol / atol of the library's values (float64); the message names the first entry off and
-    the learner's value there, not the library's."""
-    g = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
-    w = torch.tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
-    if g.shape != w.shape:
-        raise AssertionError(f"{name} has shape {tuple(g.shape)}, expected {tuple(w.shape)} {what}")
-    bad = ~torch.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(f"{name} differs from bitsandbytes' at flat index {i} (yours: "
-                             f"{g.flatten()[i].item():.6g}; {int(bad.sum())} of {bad.numel()} entries off) {what}."
-                             f"{hint}")
+    """common.allclose against the library's values, its message (which names the learner's value, never the
+    library's) followed by which case it was and a hint."""
+    try:
+        allclose(name, got, want, rtol=rtol, atol=atol)
+    except AssertionError as e:
+        raise AssertionError(f"{e} {what}.{hint}") from None
 
 
 # ----------------------------------------------------------------------------- task 7.2: double quantization
