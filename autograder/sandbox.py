@@ -247,12 +247,58 @@ class Sandbox:
                 proc.wait(timeout=limits.wall_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
+            spaces = _pid_namespaces_below(proc.pid) if self.bwrap else set()
             _kill_all(proc, cgs)
+            _wait_until_empty(spaces)
         got, cut = b"", False
         if drain:
             drain.join(timeout=5)     # every writer has ended; one that escaped the sandbox is not waited for
             got, cut = bytes(drain.data), drain.truncated or drain.is_alive()
         return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut)
+
+
+def _pid_namespaces_below(pid: int) -> set[str]:
+    """The PID namespaces of pid's children that are not ours: bubblewrap's sandbox, whose processes all end
+    when its first process does. Empty if /proc cannot tell (the sandbox has already ended)."""
+    ours = os.readlink("/proc/self/ns/pid")
+    found = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                ns = os.readlink(d / "ns" / "pid")
+                if ns != ours:
+                    found.add(ns)
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _wait_until_empty(spaces: set[str], timeout: float = 10.0) -> None:
+    """Kill every process left in these PID namespaces and wait until none is left. The kernel ends them when
+    the namespace's first process ends, but not before that process's parent (bubblewrap) is gone, and not at
+    once; a grader that moved on at once could still see a learner's process alive."""
+    deadline = time.monotonic() + timeout
+    while spaces and time.monotonic() < deadline:
+        left = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if os.readlink(d / "ns" / "pid") in spaces:
+                    left.append(int(d.name))
+            except OSError:
+                continue
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.02)
 
 
 def _kill_all(proc: subprocess.Popen, cgroups: list[Path]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -123,6 +124,32 @@ def test_the_job_folder_is_read_only_inside(tmp_path):
     out = box.run([sys.executable, "-c", code], job, trusted.python_binds(), {"JOB": str(job)},
                   sandbox.Limits(wall_s=60), channel=True)
     assert out.channel == b"refused" and (job / "job.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["with_cgroups", "pid_namespace_only"])
+def test_nothing_the_learner_started_is_alive_when_run_returns(tmp_path, cgroups):
+    """A learner that detaches two ways (a new session, a double fork) and then hangs: the moment run() returns,
+    none of its processes is left, with or without cgroups to sweep (without them only the PID namespace ends
+    them, and the kernel does that after bubblewrap's death, not at once)."""
+    need_bwrap()
+    tag = f"memlab-stray-{os.getpid()}-{cgroups}"
+    code = ("import os, subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # {tag}'], "
+            "start_new_session=True)\n"
+            "if os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)  # {tag}'])\n"
+            "time.sleep(1)\nwhile True:\n    pass\n")
+    box = sandbox.Sandbox()
+    if not cgroups:
+        box.cgroups = []
+    for i in range(2):
+        job = tmp_path / f"job{i}"
+        job.mkdir()
+        out = box.run([sys.executable, "-c", code], job, trusted.python_binds(), {}, sandbox.Limits(wall_s=3))
+        left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True).stdout.split()
+        if left:
+            subprocess.run(["pkill", "-9", "-f", tag])
+        assert out.timed_out and not left, f"run {i}: processes outlived the sandbox: {left}"
 
 
 def test_limits_check_their_inputs():
