@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = grade.DRILL
 A = "99_drill"
 TIMEOUT = 45            # seconds per learner in the corpus run
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("corpus")]   # one class run, one worker
+pytestmark = pytest.mark.slow
 
 STORAGE = '''def storage_bytes(shape, dtype):
     n = 1
@@ -229,10 +229,8 @@ def need_bwrap(why: str) -> None:
     pytest.skip(msg)
 
 
-@pytest.fixture(scope="module")
-def corpus_run(tmp_path_factory):
-    need_bwrap("the corpus needs the sandbox, and without it a hostile submission could damage this machine")
-    tmp = tmp_path_factory.mktemp("corpus")
+def run_corpus(tmp: Path) -> dict:
+    """Grade the whole corpus in one class run, two learners at a time."""
     course = drill_course(tmp / "course")
     subs = tmp / "submissions"
     subs.mkdir()
@@ -258,11 +256,11 @@ def corpus_run(tmp_path_factory):
     res = grade.grade_class(subs, A, timeout=TIMEOUT, course=course, jobs=2, memory_gb=2, log=log.append)
     seconds = time.monotonic() - t0
     listener.close()
-    yield {"res": res, "entries": entries, "course": course, "subs": subs, "before": before, "seconds": seconds,
+    return {"res": res, "entries": entries, "course": course, "subs": subs, "before": before, "seconds": seconds,
            "sentinel": sentinel, "log": log}
 
 
-def test_every_submission_scores_what_it_earned(corpus_run):
+def every_submission_scores_what_it_earned(corpus_run):
     res, entries = corpus_run["res"], corpus_run["entries"]
     wrong = {}
     for sid, (_, want) in entries.items():
@@ -280,7 +278,7 @@ def test_every_submission_scores_what_it_earned(corpus_run):
         assert "timed out" in res.notes.get(sid, ""), (sid, res.notes.get(sid))
 
 
-def test_the_run_ends_within_its_limits(corpus_run):
+def the_run_ends_within_its_limits(corpus_run):
     n = len(corpus_run["entries"])
     # two learners at a time, each capped at TIMEOUT seconds: the whole run is far below n * TIMEOUT
     assert corpus_run["seconds"] < n * TIMEOUT / 2 + 120, corpus_run["seconds"]
@@ -288,7 +286,7 @@ def test_the_run_ends_within_its_limits(corpus_run):
     assert not orphans, f"processes a learner started outlived its grading: {orphans}"
 
 
-def test_nothing_outside_the_attackers_rows_changed(corpus_run):
+def nothing_outside_the_attackers_rows_changed(corpus_run):
     after = _hashes(corpus_run["subs"], ROOT / "autograder", ROOT / "memlab", FIXTURE)
     changed = [k for k in corpus_run["before"] if after.get(k) != corpus_run["before"][k]]
     assert not changed, f"a learner changed files it must not touch: {changed}"
@@ -310,13 +308,29 @@ def test_nothing_outside_the_attackers_rows_changed(corpus_run):
     assert "6.0 / 6.0" in html or "Score: 6" in html, "honest learner's feedback shows full marks"
 
 
-def test_feedback_teaches_without_leaking_hidden_tests(corpus_run):
+def feedback_teaches_without_leaking_hidden_tests(corpus_run):
     course = corpus_run["course"]
     nb = json.loads((course.root / "autograder" / "autograded" / "half_done" / A / f"{A}.ipynb").read_text())
     text = json.dumps(nb)
     assert "hidden=True" not in text, "hidden test source must not reach the feedback"
     assert "not done yet" in text
     assert str(ROOT) not in text, "the grader's file paths must not reach the feedback"
+
+
+def test_the_hostile_corpus(tmp_path):
+    """One class run of the corpus, then every property asked of it; all are checked and all failures reported.
+    (One test, not four on a shared fixture: a class run is costly, and a test is the one unit pytest-xdist never
+    splits across workers.)"""
+    need_bwrap("the corpus needs the sandbox, and without it a hostile submission could damage this machine")
+    run = run_corpus(tmp_path)
+    failures = []
+    for check in (every_submission_scores_what_it_earned, the_run_ends_within_its_limits,
+                  nothing_outside_the_attackers_rows_changed, feedback_teaches_without_leaking_hidden_tests):
+        try:
+            check(run)
+        except AssertionError as e:
+            failures.append(f"{check.__name__}: {e}")
+    assert not failures, "\n\n".join(failures)
 
 
 def test_sandbox_sees_no_course_files_and_no_network(tmp_path):
