@@ -21,6 +21,7 @@ from .core.track import CATEGORIES, MemoryTracker, format_bytes, phase, watch
 from .core.virtual_gpu import PRESETS, VirtualGPU, VirtualRun
 from .core.models import MLP, GPT, GPTConfig, train_step
 from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_backend, flash_attn_status
+from .core.gpus import HEADROOM, usable_bytes
 from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .hardware.timing import copy_bandwidth, time_fn
 from . import attention, checkpointing, clinic, dist, plot, quant, widgets  # noqa: E402
@@ -30,7 +31,8 @@ from .fitting import FitResult, fit, fit_presets, fit_search  # noqa: E402
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
            "naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status",
-           "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth", "time_fn",
+           "HEADROOM", "usable_bytes", "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth",
+           "time_fn",
            "fit", "fit_search", "FitResult", "fit_presets",
            "attention", "checkpointing", "clinic", "dist", "plot", "quant", "widgets"]
 __version__ = "0.1.0"

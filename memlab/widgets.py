@@ -11,6 +11,7 @@ left to the lessons that measure them.
 
 from __future__ import annotations
 
+from .core.gpus import HEADROOM, usable_bytes
 from .core.estimate import LAYOUTS, model_state_bytes, optimizer_step_temp_bytes
 from .core.track import format_bytes
 from .core.validate import is_number
@@ -38,11 +39,11 @@ def calculator_rows(billions: float, precision: str, optimizer: str, foreach_ste
         rows.append(f"  {'step scratch':<12} {format_bytes(scratch):>12}  ({scratch / n:.0f} B/param: foreach Adam's "
                     f"sqrt buffer, only during step(); 0 with fused=True)")
     rows.append(f"  {'total':<12} {format_bytes(total):>12}  ({total / n:.0f} B/param), before activations")
-    rows.append("Does that fit? (capacity = total_memory the card reports; the CUDA context needs a few hundred "
-                "MiB more)")
+    rows.append(f"Does that fit? (usable = the capacity the card reports less {HEADROOM:.0%} for the CUDA context, "
+                "workspaces and fragmentation; activations come on top)")
     for name, spec in PRESETS.items():
-        verdict = "fits" if total <= spec.capacity else "does NOT fit"
-        rows.append(f"  {name:<13} {format_bytes(spec.capacity):>10}: {verdict}")
+        verdict = "fits" if total <= usable_bytes(spec.capacity) else "does NOT fit"
+        rows.append(f"  {name:<13} {format_bytes(usable_bytes(spec.capacity)):>10} usable: {verdict}")
     return rows
 
 

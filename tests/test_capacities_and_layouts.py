@@ -247,11 +247,26 @@ def test_an_oom_bar_shows_the_failed_request_above_the_capacity():
         breakdown_bar({"x": 3})
 
 
+def test_usable_bytes_is_the_one_fit_criterion():
+    assert memlab.HEADROOM == 0.05
+    assert memlab.usable_bytes(1000) == 950 and memlab.usable_bytes(1000, 0) == 1000
+    for bad in (0, -5, 2.5, True, "16GB"):
+        with pytest.raises(ValueError, match="capacity"):
+            memlab.usable_bytes(bad)
+    for bad in (1, -0.1, 1.5, None):
+        with pytest.raises(ValueError, match="headroom"):
+            memlab.usable_bytes(1000, bad)
+
+
 def test_calculator_is_one_labelled_table():
     rows = calculator_rows(7, "fp32", "adamw")
     assert rows[0].startswith("Model states of a 7.00B-parameter model")
     assert sum("B/param" in r for r in rows) == 6
-    assert any("T4-16GB" in r and "14.74 GiB" in r for r in rows)
+    assert any("T4-16GB" in r and "14.00 GiB usable" in r for r in rows), "the T4's 14.74 GiB less 5% headroom"
+    # states between the usable bytes and the capacity: does not fit (the course's one criterion, memlab.HEADROOM)
+    n = 14.4 * 2**30 / 16 / 1e9                           # 14.4 GiB of fp32 AdamW states, no step scratch
+    t4 = [r for r in calculator_rows(n, "fp32", "adamw", foreach_step=False) if "T4-16GB" in r]
+    assert t4 and "does NOT fit" in t4[0], t4
     rows = calculator_rows(7, "bf16_master_fp32_grads", "adam", foreach_step=False)
     assert any("states" in r and "20 B/param" in r for r in rows)
     with pytest.raises(ValueError, match="precision"):

@@ -141,7 +141,8 @@ def test_qlora_paper_65b_fits_a_48gb_gpu_and_full_does_not():
 def test_result_is_consistent():
     r = memlab.fit("gpt2", "T4-16GB", batch=2, seq=256, checkpointing="full", zero=2, gpus=4)
     assert r.peak == max(r.by_phase.values()) == sum(r.by_category.values())
-    assert r.usable == int(r.capacity * 0.95) and r.fits == (r.peak <= r.usable)
+    assert r.usable == memlab.usable_bytes(r.capacity) == int(r.capacity * (1 - memlab.HEADROOM))
+    assert r.fits == (r.peak <= r.usable)
     assert r.cost["recompute_flops"] > 0 and r.cost["comm_bytes"] > 0 and r.cost["steps_per_batch"] == 1
     d = r.to_dict()
     assert json.loads(json.dumps(d))["plan"]["zero"] == 2

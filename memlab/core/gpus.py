@@ -172,6 +172,21 @@ PRESETS: dict[str, GPUSpec] = {k: GPUSpec(k, g.total_memory, g.bf16, g.memory_so
                                for k, g in GPUS.items() if g.total_memory is not None}
 
 
+# The course's one criterion for "it fits": the peak stays below the capacity minus this fraction, kept for what a
+# byte count leaves out (the CUDA context and cuBLAS workspaces outside PyTorch's allocator, fragmentation, a
+# longer batch than planned). Lesson 07 and 08 and `memlab fit` all use it.
+HEADROOM = 0.05
+
+
+def usable_bytes(capacity: int, headroom: float = HEADROOM) -> int:
+    """The bytes a plan may use on a GPU of `capacity` bytes: capacity x (1 - headroom)."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"capacity must be a positive int of bytes, got {capacity!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be a number in [0, 1), got {headroom!r}")
+    return int(capacity * (1 - headroom))
+
+
 def gpu_spec(spec: str | GPUDataSheet) -> GPUDataSheet:
     """A `GPUDataSheet` from its key in GPU_SPECS (or itself)."""
     if isinstance(spec, GPUDataSheet):

@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 
+from ..core.gpus import HEADROOM, usable_bytes
 from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
@@ -202,7 +203,7 @@ def _gpu(gpu):
 def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "bf16",
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
-        headroom: float = 0.05) -> FitResult:
+        headroom: float = HEADROOM) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -240,7 +241,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     phases.pop("idle", None)          # before "load" and after the step: below the peak of those phases
     top = max(phases, key=lambda ph: phases[ph]["total"])
     peak = phases[top]["total"]
-    usable = int(capacity * (1 - headroom))
+    usable = usable_bytes(capacity, headroom)
     states = {}
     if "states" in info:   # model states per rank just after the step: no bucket, nothing gathered
         after = shard_phases({"after": {**info["states"], "activations": 0, "temporaries": 0}}, info, plan)

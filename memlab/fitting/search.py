@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .plan import CHOICES, FitResult, fit, fit_presets, load_config
+from ..core.gpus import HEADROOM
 from ..core.track import format_bytes
 from ..core.validate import is_int, pos_int
 
@@ -52,7 +53,7 @@ def _divisors_desc(n: int) -> list[int]:
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
                precision: str = "bf16", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
                gpus=(1,), offload: bool = True, attention: str = "sdpa", lora_r: int = 16,
-               headroom: float = 0.05, limit: int = 10) -> list[FitResult]:
+               headroom: float = HEADROOM, limit: int = 10) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
 
     Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--offload", action="store_true",
                     help="ZeRO-Offload: optimizer states, fp32 masters and the step on the CPU (needs --zero >= 1)")
     ap.add_argument("--lora-r", type=int, default=16, help="LoRA rank (default 16)")
-    ap.add_argument("--headroom", type=float, default=0.05,
+    ap.add_argument("--headroom", type=float, default=HEADROOM,
                     help="share of the GPU kept free for the CUDA context and fragmentation (default 0.05)")
     search = ap.add_mutually_exclusive_group()
     search.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
