@@ -63,6 +63,29 @@ def test_softmax_mistakes_lose_every_hidden_run(name):
         assert _loses("task5_1_online_softmax", {"online_softmax": fn}, seed), f"{name} passed draw {seed}"
 
 
+def _messages(task_id, fn, seed):
+    """The AssertionError messages of the hidden cases this function fails, one per failed case."""
+    task, out = TASKS[task_id], []
+    for case in task.cases(True, random.Random(seed)):
+        try:
+            task.judge(case, decode(encode(task.run(case, online_softmax=fn))))
+        except AssertionError as e:
+            out.append((case, str(e)))
+    return out
+
+
+def test_the_partial_block_hint_appears_only_when_the_partial_block_is_at_fault():
+    hint = "is the last, partial block included?"
+    dropped = solution_namespace(ASSIGNMENT, spec.WRONG["softmax_drops_partial_block"]["replace"])["online_softmax"]
+    no_rescale = solution_namespace(ASSIGNMENT, spec.WRONG["softmax_no_rescale"]["replace"])["online_softmax"]
+    for seed in range(10):
+        got = _messages("task5_1_online_softmax", dropped, seed)
+        assert got and all(hint in m for c, m in got if c["n"] % c["block"] and c["n"] > c["block"]), got
+        got = _messages("task5_1_online_softmax", no_rescale, seed)
+        assert got and not any(hint in m for _, m in got), \
+            "a learner who handles the partial block but forgets the rescale is told to look at the partial block"
+
+
 # ----------------------------------------------------------------------------- task 5.2
 def test_attention_hidden_cases_catch_one_sided_tiling_in_every_case():
     for seed in range(300):
