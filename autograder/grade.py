@@ -5,6 +5,8 @@
     memlab-grade class SUBMISSIONS -a ASSIGNMENT      grade a folder of submissions into nbgrader's gradebook,
                       [--jobs N] [--timeout S]        write feedback and grades.csv (instructors)
     memlab-grade public DEST                          the learner-facing copy of the course (no solutions)
+    memlab-grade gradescope -a ASSIGNMENT OUT         a Gradescope autograder zip running the same checks
+                                                      and sandbox (large classes; autograder/gradescope.py)
 
 (`python -m autograder.grade ...` is the same.) Scores are decided by trusted code
 in this process: each learner's code runs in its own sandbox (autograder/sandbox.py)
@@ -372,6 +374,10 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--memory-gb", type=float, default=6, help="memory per learner in GiB (default 6)")
     u = sub.add_parser("public", help="write the learner-facing copy of the course (no solutions) to DEST")
     u.add_argument("dest")
+    g = sub.add_parser("gradescope", help="write OUT/ASSIGNMENT-gradescope.zip: a Gradescope autograder running "
+                                          "the same checks and sandbox (large classes)")
+    g.add_argument("out")
+    g.add_argument("-a", "--assignment", required=True, help=f"one of {assignments()}")
     a = p.parse_args(argv)
     if a.cmd == "release":
         cmd_release(a.assignments)
@@ -379,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         cmd_check(a.notebook, a.assignment, a.timeout)
     elif a.cmd == "class":
         cmd_class(a.submissions, a.assignment, a.timeout, a.jobs, a.memory_gb)
+    elif a.cmd == "gradescope":
+        from .gradescope import build
+        build(a.assignment, Path(a.out))
     else:
         cmd_public(a.dest)
 

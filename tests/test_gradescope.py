@@ -1,0 +1,88 @@
+"""The Gradescope autograder: the zip has Gradescope's layout, and its run_autograder, run in a folder laid out as
+Gradescope lays it out, gives every notebook the same scores as `memlab-grade check` (the same trusted checks and
+sandbox), one Gradescope test per task with the teaching messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder import gradescope, grade
+from test_trusted_grading import A, FULL, make, need_bwrap
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gradescope")
+    course = grade.drill_course(tmp / "course")
+    zip_path = gradescope.build(A, tmp / "out", release=course.release)
+    return course, zip_path, tmp
+
+
+def test_the_zip_has_gradescopes_layout(built):
+    _, zip_path, _ = built
+    with zipfile.ZipFile(zip_path) as z:
+        names = set(z.namelist())
+        modes = {i.filename: i.external_attr >> 16 for i in z.infolist()}
+    assert {"setup.sh", "run_autograder", "assignment.txt", "constraints.txt", "pyproject.toml",
+            f"exercises/{A}/{A}.ipynb", "autograder/grade.py", "memlab/__init__.py"} <= names
+    assert modes["setup.sh"] & 0o111 and modes["run_autograder"] & 0o111, "both scripts must be executable"
+    assert not any("gradebook.db" in n or n.startswith("solutions/") or n.startswith("tests/") for n in names), \
+        "the zip must carry no gradebook, no solutions and no test corpus"
+    for script in ("setup.sh", "run_autograder"):
+        with zipfile.ZipFile(zip_path) as z:
+            text = z.read(script).decode()
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0, f"{script}: bash syntax"
+
+
+def _gradescope_run(zip_path: Path, root: Path, notebook: dict | None, name: str = f"{A}.ipynb") -> dict:
+    """Lay out /autograder as Gradescope does (source unzipped, the submission's files, results/) under root and
+    run run_autograder with this interpreter standing in for setup.sh's environment."""
+    with zipfile.ZipFile(zip_path) as z:
+        z.extractall(root / "source")
+    (root / "submission").mkdir(parents=True)
+    if notebook is not None:
+        (root / "submission" / name).write_text(json.dumps(notebook))
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), MEMLAB_GRADESCOPE_PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+@pytest.mark.parametrize("who", ["solution", "blank", "wrong", "renamed", "nothing"])
+def test_run_autograder_scores_as_memlab_grade_check(built, who):
+    need_bwrap("grading runs learner code")
+    course, zip_path, tmp = built
+    nb = {"solution": make(course), "blank": make(course, None, None),
+          "wrong": make(course, softmax="def row_softmax(x):\n    return x.exp() / x.exp().sum()"),
+          "renamed": make(course), "nothing": None}[who]
+    res = _gradescope_run(zip_path, tmp / who, nb, name="my_work.ipynb" if who == "renamed" else f"{A}.ipynb")
+    if who == "nothing":
+        assert res["score"] == 0 and "submit the notebook" in res["output"], res
+        return
+    nb_path = tmp / f"{who}.ipynb"
+    nb_path.write_text(json.dumps(nb))
+    want = grade.check_notebook(nb_path, A, release=course.release)
+    tasks = grade.by_task(want.scores)
+    assert {t["name"]: (t["score"], t["max_score"]) for t in res["tests"]} == tasks
+    assert res["score"] == sum(s for s, _ in tasks.values())
+    assert res["score"] == {"solution": FULL, "renamed": FULL, "blank": 0}.get(who, res["score"])
+    if who == "wrong":
+        lost = [t for t in res["tests"] if t["score"] < t["max_score"]]
+        assert lost and all(len(t["output"]) >= 40 for t in lost), "each lost task shows the check's message"
+        assert 0 < res["score"] < FULL
+
+
+def test_an_unknown_assignment_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(SystemExit, match="unknown assignment"):
+        gradescope.build("no_such_exercise", tmp_path)
