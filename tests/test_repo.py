@@ -113,3 +113,36 @@ def test_every_data_file_of_memlab_is_package_data():
         if not ok:
             missing.append(str(rel))
     assert not missing, f"pyproject.toml [tool.setuptools.package-data] does not ship {missing}"
+
+
+@pytest.mark.slow
+def test_the_wheel_and_sdist_build_and_the_wheel_works_outside_the_repository(tmp_path):
+    """A release is one command: `python -m build` makes a wheel and an sdist that twine accepts, and the wheel,
+    installed away from this checkout, imports and finds its package data (configs, texts, recordings)."""
+    import subprocess
+    import sys
+    import zipfile
+    dist = tmp_path / "dist"
+    out = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    wheels, sdists = sorted(dist.glob("*.whl")), sorted(dist.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in dist.iterdir())
+    out = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, wheels + sdists)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    shipped = [f.relative_to(ROOT).as_posix() for f in sorted((ROOT / "memlab").rglob("*"))
+               if f.is_file() and f.suffix not in (".py", ".pyc") and "__pycache__" not in f.parts]
+    assert shipped and not [f for f in shipped if f not in names], "the wheel lacks some of memlab's data files"
+    site = tmp_path / "site"
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                          str(site), str(wheels[0])], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    probe = ("import sys, pathlib, memlab, autograder.grade\n"
+             "assert pathlib.Path(memlab.__file__).is_relative_to(sys.argv[1]), memlab.__file__\n"
+             "from memlab.core.texts import shipped_text\nassert len(shipped_text()) > 1000\n"
+             "from memlab.fitting.plan import load_config\nload_config('llama-2-7b')\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", probe, str(site)], cwd=tmp_path, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(site)}, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-1000:] + out.stderr[-2000:]
