@@ -20,9 +20,12 @@ conflicts with your work. Each `start` copies notebooks that are new in the cour
 if you never changed it; a notebook you changed is never overwritten (rename or delete yours to get the
 course's current version on the next start).
 
-Needs Python 3.10+ and pip. PyTorch is installed first, pinned (COURSE_TORCH overrides the pin: pip
-arguments, e.g. COURSE_TORCH="torch" for the newest build), then the course package with all its
-extras (pip install -e ".[all]").
+Needs Python 3.10+ and pip. PyTorch is installed first, pinned; on Linux without an NVIDIA driver the
+CPU-only build from PyTorch's CPU index (a few hundred MB instead of several GB), falling back to the default
+index when that one cannot be reached. COURSE_TORCH overrides the choice (pip arguments, e.g.
+COURSE_TORCH="torch==2.13.0" for the default build, COURSE_TORCH="torch" for the newest). Then the course package
+with all its extras (pip install -e ".[all]"). With `uv` on the PATH (pip install uv), course.py installs with it,
+much faster; COURSE_INSTALLER=pip keeps pip.
 """
 
 from __future__ import annotations
@@ -35,13 +38,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-TORCH = os.environ.get("COURSE_TORCH", "torch==2.13.0")
+TORCH_PIN = "torch==2.13.0"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH = os.environ.get("COURSE_TORCH")      # None: course.py chooses (torch_choice)
 EXTRAS = "all"                     # pyproject.toml: course (JupyterLab, nbgrader, pytest), zero, qlora
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
@@ -73,11 +79,63 @@ def _size(path: Path) -> int:
     return total
 
 
-def _pip(args: list[str], hint: str) -> None:
-    cmd = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", *args]
+def installer() -> list[str]:
+    """The command that installs into .venv: `uv pip install` when uv is on the PATH (unless COURSE_INSTALLER=pip),
+    else pip."""
+    uv = shutil.which("uv")
+    if uv and os.environ.get("COURSE_INSTALLER", "uv") != "pip":
+        return [uv, "pip", "install", "--python", str(PY)]
+    return [str(PY), "-m", "pip", "install", "--disable-pip-version-check"]
+
+
+def _pip(args: list[str], hint: str, what: str = "installing") -> None:
+    cmd = [*installer(), *args]
     print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    t0 = time.monotonic()
+    while True:             # a line every 30 s: unpacking large wheels is silent for minutes
+        try:
+            rc = proc.wait(timeout=30)
+            break
+        except subprocess.TimeoutExpired:
+            say(f"still {what} ({time.monotonic() - t0:.0f} s so far)")
+    if rc != 0:
         raise CourseError(hint)
+
+
+def has_nvidia_driver() -> bool:
+    return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia/version").exists()
+
+
+def _reachable(url: str, timeout: float = 8.0) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/torch/", method="HEAD"), timeout=timeout):
+            return True
+    except Exception:       # noqa: BLE001 - any failure means: use the default index
+        return False
+
+
+def torch_choice(environ: dict[str, str] | None = None, *, linux_x86: bool | None = None,
+                 driver: bool | None = None, reachable=None) -> tuple[list[str], str]:
+    """(pip arguments for PyTorch, why): COURSE_TORCH if set; else on Linux x86-64 with no NVIDIA driver the CPU
+    build from PyTorch's CPU index when it answers; else the pinned default build."""
+    environ = os.environ if environ is None else environ
+    if environ.get("COURSE_TORCH"):
+        return shlex.split(environ["COURSE_TORCH"]), "COURSE_TORCH as given"
+    if linux_x86 is None:
+        linux_x86 = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+    if not linux_x86:
+        return [TORCH_PIN], "the default build (a few hundred MB here)"
+    if driver if driver is not None else has_nvidia_driver():
+        return [TORCH_PIN], ("an NVIDIA driver is present: the CUDA build, a wheel of about 0.5 GB plus NVIDIA's "
+                             "CUDA libraries, several GB in all")
+    if (reachable or _reachable)(CPU_INDEX):
+        return [TORCH_PIN, "--index-url", CPU_INDEX], (
+            f"no NVIDIA driver found: the CPU-only build from {CPU_INDEX}, a few hundred MB "
+            f"(for the CUDA build: COURSE_TORCH={TORCH_PIN})")
+    return [TORCH_PIN], (f"no NVIDIA driver found, but {CPU_INDEX} cannot be reached: the default build from the "
+                         f"default index, which on Linux is the CUDA build, several GB")
 
 
 def _has_pip() -> bool:
@@ -95,17 +153,6 @@ def _make_venv() -> None:
                           f"the venv module (sudo apt install python3-venv) and run the command again") from e
 
 
-def _torch_size_note() -> str:
-    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
-        note = ("on Linux this is the CUDA build: a wheel of about 0.5 GB plus NVIDIA's CUDA libraries, "
-                "several GB in all")
-        if shutil.which("nvidia-smi") is None:
-            note += ("; no NVIDIA driver found here: the CPU-only build is far smaller, see README 'Start' "
-                     "(COURSE_TORCH)")
-        return note
-    return "a few hundred MB"
-
-
 def setup() -> None:
     """Create .venv and install the course into it; a no-op when nothing changed since the last run."""
     if sys.version_info < (3, 10):
@@ -116,22 +163,25 @@ def setup() -> None:
                           f"on another machine?): remove it (rm -rf .venv) and run the command again")
     if not VENV.exists():
         _make_venv()
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + f"{TORCH}|{EXTRAS}".encode()).hexdigest()
+    key = f"{TORCH or TORCH_PIN}|{EXTRAS}"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + key.encode()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == want:
         return
     if not _has_pip():
         raise CourseError(".venv has no pip (it was created without it, or is damaged): remove it "
                           "(rm -rf .venv) and run the command again; course.py recreates it")
     # torch first, pinned: a loose requirement would pull the newest build and its CUDA wheels
-    say(f"[2/3] installing PyTorch ({TORCH}), the largest download: {_torch_size_note()}")
-    _pip(shlex.split(TORCH), f"pip could not install PyTorch ({TORCH}), see its message above: check the "
-                             f"internet connection and free disk space; if no build exists for Python "
-                             f"{platform.python_version()} here, try COURSE_TORCH=torch for the newest one")
-    say(f"[3/3] installing the course and its tools (pip install -e \".[{EXTRAS}]\"): JupyterLab, nbgrader, "
-        f"transformers, DeepSpeed, peft, bitsandbytes and their dependencies, about 1 GB more")
-    _pip(["-e", f".[{EXTRAS}]"], "pip could not install the course's packages, see its message above: check "
-                                 "the internet connection and free disk space, then run the command again "
-                                 "(finished downloads are cached)")
+    torch_args, why = torch_choice()
+    say(f"[2/3] installing PyTorch ({' '.join(torch_args)}): {why}")
+    _pip(torch_args, f"the installer could not install PyTorch ({' '.join(torch_args)}), see its message above: "
+                     f"check the internet connection and free disk space; if no build exists for Python "
+                     f"{platform.python_version()} here, try COURSE_TORCH=torch for the newest one",
+         what="installing PyTorch")
+    say(f"[3/3] installing the course and its tools (-e \".[{EXTRAS}]\"): JupyterLab, nbgrader, transformers, "
+        f"DeepSpeed, peft, bitsandbytes and their dependencies, about 1 GB more")
+    _pip(["-e", f".[{EXTRAS}]"], "the installer could not install the course's packages, see its message above: "
+                                 "check the internet connection and free disk space, then run the command again "
+                                 "(finished downloads are cached)", what="installing the course's packages")
     STAMP.write_text(want)
     say(f"ready: .venv holds {_size(VENV) / 2**30:.1f} GiB")
 

@@ -69,7 +69,7 @@ def test_venv_without_python_or_pip_gets_a_recreate_hint(tmp_path, monkeypatch):
 
 
 def test_pip_failure_names_what_to_do(monkeypatch, capsys):
-    monkeypatch.setattr(course.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))
+    monkeypatch.setattr(course, "installer", lambda: [sys.executable, "-c", "raise SystemExit(1)", "--"])
     with pytest.raises(course.CourseError, match="internet connection"):
         course._pip(["torch==0"], "pip could not install PyTorch: check the internet connection")
 
@@ -266,3 +266,45 @@ def test_deepspeed_accelerator_message_is_gone_after_import_memlab():
     if "Setting accelerator to CPU" not in plain:
         pytest.skip("this DeepSpeed release does not print the message")
     assert "Setting accelerator to CPU" not in quiet and "cpu" in quiet
+
+
+# ----------------------------------------------------------------------------- which PyTorch, and progress
+def test_torch_choice_cpu_build_without_a_driver_and_its_fallbacks():
+    args, why = course.torch_choice({}, linux_x86=True, driver=False, reachable=lambda url: True)
+    assert args == [course.TORCH_PIN, "--index-url", course.CPU_INDEX] and "no NVIDIA driver" in why
+    assert "COURSE_TORCH=" in why, "say how to get the CUDA build instead"
+    args, why = course.torch_choice({}, linux_x86=True, driver=False, reachable=lambda url: False)
+    assert args == [course.TORCH_PIN] and "cannot be reached" in why
+    args, why = course.torch_choice({}, linux_x86=True, driver=True, reachable=lambda url: 1 / 0)
+    assert args == [course.TORCH_PIN] and "CUDA build" in why          # a driver: the index is not even asked
+    args, _ = course.torch_choice({}, linux_x86=False, driver=False, reachable=lambda url: 1 / 0)
+    assert args == [course.TORCH_PIN]                                  # macOS, Windows, ARM: the default build
+    args, why = course.torch_choice({"COURSE_TORCH": "torch==2.12.0 --index-url https://x"}, linux_x86=True,
+                                    driver=False, reachable=lambda url: 1 / 0)
+    assert args == ["torch==2.12.0", "--index-url", "https://x"] and "COURSE_TORCH" in why
+
+
+def test_installer_prefers_uv_unless_told_otherwise(monkeypatch):
+    monkeypatch.setattr(course.shutil, "which", lambda name: "/usr/bin/uv" if name == "uv" else None)
+    monkeypatch.delenv("COURSE_INSTALLER", raising=False)
+    assert course.installer()[:3] == ["/usr/bin/uv", "pip", "install"] and str(course.PY) in course.installer()
+    monkeypatch.setenv("COURSE_INSTALLER", "pip")
+    assert course.installer()[1:4] == ["-m", "pip", "install"]
+    monkeypatch.setattr(course.shutil, "which", lambda name: None)
+    monkeypatch.delenv("COURSE_INSTALLER")
+    assert course.installer()[1:4] == ["-m", "pip", "install"]
+
+
+def test_a_long_install_says_it_is_still_working(monkeypatch, capsys):
+    monkeypatch.setattr(course, "installer", lambda: [sys.executable, "-c", "import time; time.sleep(0.5)", "--"])
+    real_popen = course.subprocess.Popen
+
+    class QuickWait(real_popen):                  # make the 30-second heartbeat fire at once
+        def wait(self, timeout=None):
+            if timeout == 30 and not getattr(self, "_beat", False):
+                self._beat = True
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            return super().wait()
+    monkeypatch.setattr(course.subprocess, "Popen", QuickWait)
+    course._pip(["x"], "hint", what="installing PyTorch")
+    assert "still installing PyTorch" in capsys.readouterr().out
