@@ -66,6 +66,17 @@ def known_collectives(n_elems):
     return {"counts": comm.as_dict(), "log": comm.log, "rank": r}
 
 
+def subgroup_all_reduce(n_elems):
+    """An all-reduce on a group of this rank alone: the counter must use the subgroup's size (1: nothing sent),
+    not the world's."""
+    r = dist.get_rank()
+    groups = [dist.new_group([i]) for i in range(dist.get_world_size())]    # every rank creates every group
+    t = torch.ones(n_elems)
+    with CommCounter() as comm:
+        dist.all_reduce(t, group=groups[r])
+    return comm.as_dict()
+
+
 def tracked_alloc(n_elems):
     keep = torch.zeros(n_elems)                          # 4 * n_elems bytes, alive when fn returns
     t = torch.ones(8)

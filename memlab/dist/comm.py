@@ -52,13 +52,17 @@ def _tensors(x) -> list[torch.Tensor]:
 
 
 def _group_size(args) -> int:
-    for a in args:
-        if hasattr(a, "size") and callable(getattr(a, "size")) and not isinstance(a, torch.Tensor):
-            try:
-                return int(a.size())                      # a ProcessGroup (a ScriptObject)
-            except Exception:                             # noqa: BLE001 - any other object with .size
-                continue
+    """The size of the process group a c10d op was called on: at the dispatcher the group arrives as a
+    torch.ScriptObject, which ProcessGroup.unbox turns back into the group (a subgroup's size, not the world's)."""
     import torch.distributed as dist
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return int(dist.ProcessGroup.unbox(a).size())
+            except Exception:                             # noqa: BLE001 - a ScriptObject that is not a group
+                continue
+        if isinstance(a, dist.ProcessGroup):
+            return int(a.size())
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
