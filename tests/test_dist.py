@@ -83,6 +83,11 @@ def test_comm_counter_is_exact_on_known_collectives(ranks):
         assert o["log"][0] == ("all_reduce", S) and len(o["log"]) == 10
 
 
+def test_comm_counter_uses_the_subgroups_size(ranks):
+    for c in ranks.run(fns.subgroup_all_reduce, 250):
+        assert c["all_reduce"] == {"calls": 1, "bytes": 1000, "sent": 0}, c   # a group of one sends nothing
+
+
 def test_a_raising_rank_is_named_and_the_group_stopped():
     g = RankGroup(2, timeout=30)
     pids = g.pids
@@ -326,3 +331,31 @@ def test_label_and_resize_following_restore_and_check():
     with follow_storage_resizes():
         assert torch.UntypedStorage.resize_ is not original
     assert torch.UntypedStorage.resize_ is original
+
+
+@pytest.mark.slow
+def test_hsdp_run_shards_inside_its_group_and_all_reduces_across_replicas():
+    from memlab.dist.zero_train import fsdp2_run, hsdp_run
+    with pytest.raises(ValueError, match="replicate"):
+        hsdp_run(0)
+    with pytest.raises(TypeError, match="reshard_after_forward"):
+        hsdp_run(2, reshard_after_forward=1)
+    with pytest.raises(ValueError, match="reduce_dtype"):
+        hsdp_run(2, reduce_dtype="float16")
+    with RankGroup(4, timeout=300, preload=("torch.distributed.fsdp",)) as g:
+        full = g.run(fsdp2_run)
+        hsdp = g.run(hsdp_run, 2)
+        with pytest.raises(RankError, match="replicate must divide"):
+            g.run(hsdp_run, 3)
+    psi = hsdp[0]["n_params"]
+    for f, h in zip(full, hsdp):
+        assert h["mesh"] == [2, 2] and h["rank"] in h["shard_group"] and h["rank"] in h["replicate_group"]
+        assert h["shard_group"] == [2 * (h["rank"] // 2), 2 * (h["rank"] // 2) + 1]    # row-major (2, 2) mesh
+        states = sum(h["before_step"][c] for c in ("parameters", "gradients", "optimizer"))
+        assert abs(states - 16 * psi / 2) < 0.01 * 16 * psi / 2, "HSDP shards the states over 2 ranks, not 4"
+        payload = {c: v["bytes"] for c, v in h["comm"].items()}
+        assert abs(payload["all_gather"] - 2 * 2 * psi) < 0.01 * 4 * psi       # bf16, forward + backward
+        assert abs(payload["reduce_scatter"] - 4 * psi) < 0.01 * 4 * psi       # the whole fp32 gradient
+        assert abs(payload["all_reduce"] - 4 * psi / 2) < 0.01 * 2 * psi       # the fp32 gradient shard
+        assert "all_reduce" not in f["comm"]
+        assert abs(h["loss"] - f["loss"]) < 1e-3 * abs(f["loss"]), "HSDP must train the same maths as FSDP"

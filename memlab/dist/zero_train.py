@@ -37,12 +37,12 @@ import torch.distributed as dist
 from memlab.dist.comm import CommCounter
 from memlab.core.models import GPT, GPTConfig
 from memlab.core.track import CATEGORIES, phase, watch
-from memlab.core.validate import int_at_least, one_of, pos_int
+from memlab.core.validate import flag, int_at_least, one_of, pos_int
 from memlab.dist.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
 from memlab.dist.zero import label as label_as
 
 __all__ = ["model_config", "ds_config", "quiet_deepspeed", "ddp_run", "deepspeed_run", "fsdp2_run",
-           "hf_trainer_run", "main"]
+           "hf_trainer_run", "main", "hsdp_run"]
 
 BATCH, SEQ = 2, 64           # per rank: 2 sequences of 64 tokens
 
@@ -347,3 +347,45 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+# ----------------------------------------------------------------------------- hybrid sharding
+def hsdp_run(replicate: int = 2, steps: int = 2, reshard_after_forward: bool = True,
+             reduce_dtype: str = "float32") -> dict:
+    """FSDP2 with hybrid sharding (HSDP; FSDP1's ShardingStrategy.HYBRID_SHARD): a 2-D DeviceMesh
+    (replicate, shard) of shape (replicate, world_size // replicate). Each parameter is sharded over the
+    ranks of its "shard" group and the shard is replicated over the "replicate" group: per step the
+    gradients are reduce-scattered inside the shard group, then each gradient shard is all-reduced across
+    the replicas. Otherwise as `fsdp2_run` (every block and the root, bf16 compute, AdamW on the shards).
+    Adds to the result the mesh's shape and this rank's two groups ("replicate_group", "shard_group": global ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    pos_int("replicate", replicate)
+    flag("reshard_after_forward", reshard_after_forward)
+    one_of("reduce_dtype", reduce_dtype, ("float32", "bfloat16"), what="'float32' or 'bfloat16'")
+    world = dist.get_world_size()
+    if world % replicate:
+        raise ValueError(f"replicate must divide the world size {world}, got {replicate}")
+    shape = (replicate, world // replicate)
+    groups = {}
+
+    def build(device):
+        torch.manual_seed(0)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard"))
+        groups.update({f"{d}_group": dist.get_process_group_ranks(mesh.get_group(d)) for d in ("replicate", "shard")})
+        model = GPT(model_config()).to(device)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype))
+        for module in (*model.blocks, model):           # bottom-up, as fully_shard asks
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+        def label():
+            label_as(list(model.parameters()), "parameters")
+            label_as([p.grad for p in model.parameters() if p.grad is not None], "gradients")
+            label_as([v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)],
+                     "optimizer")
+        return (lambda x: model(x, x), lambda loss: loss.backward(), lambda: (opt.step(), opt.zero_grad()),
+                label, lambda: None, model.num_params())
+    out = _loop("hsdp", 3, build, steps)
+    out.update(mesh=list(shape), reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype, **groups)
+    return out
