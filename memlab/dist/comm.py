@@ -24,7 +24,8 @@ _PAYLOAD_ARG = {"allreduce": 0, "allreduce_coalesced": 0, "broadcast": 0, "reduc
                 "reduce_scatter": 1, "_reduce_scatter_base": 1, "reduce_scatter_tensor_coalesced": 1,
                 "alltoall": 1, "alltoall_base": 1, "send": 0, "recv": 0, "gather": 1, "scatter": 1}
 _NAMES = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "_allgather_base": "all_gather",
-          "allgather": "all_gather", "allgather_into_tensor_coalesced": "all_gather", "all_gather_into_tensor": "all_gather",
+          "allgather": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+          "all_gather_into_tensor": "all_gather",
           "all_gather_into_tensor_coalesced": "all_gather", "_reduce_scatter_base": "reduce_scatter",
           "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
           "all_reduce_coalesced": "all_reduce", "alltoall_base": "all_to_all", "alltoall": "all_to_all",
