@@ -382,7 +382,9 @@ def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> Non
 
 
 _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)(\s*(?:is|was|=|:)?\s*)"
-                       r"[-+]?(?:\d[\d_,]*\.?\d*(?:e[-+]?\d+)?|inf|nan)", re.I)
+                       r"(?:[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)(?:\s*[KMG]i?B\b)?"   # a number, a size
+                       r"|\([^()]{0,200}\)|\[[^\[\]]{0,200}\]"                                    # a tuple, a list
+                       r"|'[^']{0,200}'|\"[^\"]{0,200}\")", re.I)                                    # a quoted value
 
 
 def redact(message: str) -> str:

@@ -185,3 +185,32 @@ def test_collect_skips_unsafe_names_and_anything_holding_a_link(tmp_path):
     assert set(found) == {"alice", "carol"} and not failed
     assert set(skipped) == {repr("bob\n.ipynb"), "mallory", "eve.ipynb"}, skipped
     assert "link" in skipped["mallory"] and "link" in skipped["eve.ipynb"]
+
+
+# ----------------------------------------------------------------------------- hidden messages
+@pytest.mark.parametrize("message, redacted", [
+    ("flops 12, expected 24.", "flops 12, expected [hidden]."),
+    ("nbytes 1,024, expected 2,048, from the shapes", "nbytes 1,024, expected [hidden], from the shapes"),
+    ("bound 'memory-bound', expected 'compute-bound': below the ridge", "bound 'memory-bound', expected [hidden]: "
+     "below the ridge"),
+    ("has shape (3, 4), expected (4, 3)", "has shape (3, 4), expected [hidden]"),
+    ("order [1, 2], expected [2, 1]", "order [1, 2], expected [hidden]"),
+    ("peak 1.5 GiB, expected 2.25 GiB here", "peak 1.5 GiB, expected [hidden] here"),
+    ("ratio 0.3, should be 0.5; want = 1e-3", "ratio 0.3, should be [hidden]; want = [hidden]"),
+    ("expected a positive number of GB/s", "expected a positive number of GB/s"),       # no value: unchanged
+])
+def test_hidden_messages_lose_their_expected_values(message, redacted):
+    assert trusted.redact(message) == redacted
+
+
+def test_only_hidden_cells_are_redacted():
+    class Task:
+        def judge(self, case, value):
+            raise AssertionError(f"got {value}, expected {case}")
+    graded = Graded()
+    plan = {"task1_1_x_visible": (Task(), [7]), "task1_1_x_hidden": (Task(), [7])}
+    results = {"task1_1_x_visible/0": {"value": 3}, "task1_1_x_hidden/0": {"value": 3}}
+    trusted._judge_cases(plan, {"task1_1_x_visible": 1, "task1_1_x_hidden": 2}, results, graded)
+    assert graded.reasons["task1_1_x_visible"] == "got 3, expected 7"
+    assert graded.reasons["task1_1_x_hidden"] == "got 3, expected [hidden]"
+    assert graded.scores == {"task1_1_x_visible": (0.0, 1), "task1_1_x_hidden": (0.0, 2)}
