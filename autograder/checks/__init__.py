@@ -13,5 +13,6 @@ CHECKS = {
     "06_zero": "autograder.checks.ex06",
     "07_qlora": "autograder.checks.ex07",
     "08_capstone": "autograder.checks.ex08",
+    "09_parallelism": "autograder.checks.ex09",
     "99_drill": "autograder.checks.ex99",
 }
