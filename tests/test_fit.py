@@ -316,3 +316,38 @@ def test_what_cannot_run_says_so_in_one_line():
     with pytest.raises(ValueError, match="'t5' is not a causal language model") as e:
         memlab.fit(t5, 1, seq=64)
     assert "\n" not in str(e.value)
+
+
+def test_precision_follows_the_card_fp16_where_there_is_no_bf16():
+    """A T4 has no bf16 tensor cores (lesson 03): plans default to fp16 there, bf16 on an L4; same bytes."""
+    from memlab.fitting.plan import auto_precision
+    assert auto_precision("T4-16GB") == "fp16" and auto_precision("L4-24GB") == "bf16"
+    assert auto_precision(memlab.VirtualGPU("T4-16GB")) == "fp16" and auto_precision(20.0) == "bf16"
+    t4 = memlab.fit("gpt2", "T4-16GB", batch=1, seq=64)
+    assert t4.plan["precision"] == "fp16", t4.plan
+    bf = memlab.fit("gpt2", "T4-16GB", batch=1, seq=64, precision="bf16")
+    assert t4.peak == bf.peak and t4.by_phase == bf.by_phase, "fp16 and bf16 are both 2 bytes per element"
+    assert "fp16" in main_help()
+
+
+def main_help() -> str:
+    import contextlib
+    import io
+    from memlab.fitting.search import main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        main(["--help"])
+    return buf.getvalue()
+
+
+def test_a_plan_with_little_to_spare_is_called_borderline():
+    from memlab.fitting.plan import BORDERLINE, FitResult
+    cap = 16 * 2**30
+    usable = memlab.usable_bytes(cap)
+
+    def result(peak):
+        return FitResult(peak=peak, capacity=cap, usable=usable, fits=peak <= usable, by_category={}, by_phase={},
+                         plan={}, cost={}, seconds=0.0)
+    assert result(usable - 41 * 2**20).verdict == "fits (borderline)"             # lesson 08's LoRA on a T4
+    assert result(usable - int(BORDERLINE * cap) - 1).verdict == "fits"
+    assert result(usable + 1).verdict == "does not fit" and not result(usable + 1).borderline

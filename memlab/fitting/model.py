@@ -37,8 +37,8 @@ def cut_layers(cfg, layers: int):
 
 def precision_dtype(precision: str) -> torch.dtype:
     """The dtype a plan's weights and activations are built in: fp32 for "fp32" and "amp" (autocast keeps
-    fp32 weights), bf16 for the 16-bit plans."""
-    return torch.float32 if precision in ("fp32", "amp") else torch.bfloat16
+    fp32 weights), fp16 for "fp16", bf16 for the other 16-bit plans."""
+    return {"fp32": torch.float32, "amp": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
 
 
 
@@ -284,7 +284,7 @@ def fit_step(model, info: dict, plan) -> dict:
 
 
 def _fit_step(model, info: dict, plan) -> dict:
-    dtype = torch.float32 if plan.precision in ("fp32", "amp") else torch.bfloat16
+    dtype = precision_dtype(plan.precision)
     info = dict(info)
     with phase("load"):
         model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none")

@@ -33,11 +33,13 @@ from ..core.gpus import HEADROOM, usable_bytes
 from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
+BORDERLINE = 0.02      # a plan with less than 2% of the card to spare beyond the headroom is called borderline
+
 __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
 
 GiB = 2**30
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
-CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "mixed"),
+CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "fp16", "mixed"),
            "optimizer": ("adamw", "adamw8bit", "sgd"), "checkpointing": ("none", "full", "selective"),
            "zero": (0, 1, 2, 3), "mode": ("train", "inference"), "attention": ("sdpa", "eager")}
 _ALIASES = {"gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "llama2-7b": "llama-2-7b"}
@@ -150,12 +152,23 @@ class FitResult:
         """usable - peak (negative: it does not fit)."""
         return self.usable - self.peak
 
+    @property
+    def borderline(self) -> bool:
+        """Fits, but with less than BORDERLINE of the capacity to spare beyond the headroom: the caching allocator's
+        rounding and fragmentation, which the peak leaves out, can take that much (lesson 01)."""
+        return self.fits and self.headroom_bytes < BORDERLINE * self.capacity
+
+    @property
+    def verdict(self) -> str:
+        """"fits", "fits (borderline)" or "does not fit"."""
+        return ("fits (borderline)" if self.borderline else "fits") if self.fits else "does not fit"
+
     def to_dict(self) -> dict:
         return {**asdict(self), "headroom_bytes": self.headroom_bytes}
 
     def __str__(self) -> str:
         p = self.plan
-        verdict = "FITS" if self.fits else "DOES NOT FIT"
+        verdict = self.verdict.upper()
         h = 1 - self.usable / self.capacity if self.capacity else 0
         lines = [f"{self.model} on {self.gpu}: {verdict}: peak {format_bytes(self.peak)} of "
                  f"{format_bytes(self.usable)} usable ({format_bytes(self.capacity)} x (1 - {h:.2f} headroom))",
@@ -200,7 +213,14 @@ def _gpu(gpu):
     raise TypeError(f"gpu must be a preset name, a capacity in GiB or a memlab.VirtualGPU, got {type(gpu).__name__}")
 
 
-def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "bf16",
+def auto_precision(gpu) -> str:
+    """"bf16" on a GPU preset with bf16 tensor cores (or a bare capacity), "fp16" on one without (T4, V100)."""
+    from ..core.virtual_gpu import PRESETS, VirtualGPU
+    spec = gpu.spec if isinstance(gpu, VirtualGPU) else PRESETS.get(gpu) if isinstance(gpu, str) else None
+    return "fp16" if spec is not None and not spec.bf16 else "bf16"
+
+
+def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "auto",
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
         headroom: float = HEADROOM) -> FitResult:
@@ -213,9 +233,11 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     method      "full" | "lora" (frozen base, fp32 adapters of rank lora_r on every linear but the head)
                 | "qlora" (the same on an NF4 base, the rest fp32: the QLoRA recipe, Dettmers et al. 2023)
     precision   "fp32" | "amp" (fp32 weights, bf16 autocast with CUDA's op lists) | "bf16" (pure bf16:
-                weights, gradients and optimizer state) | "mixed" (bf16 weights and gradients + an fp32
-                master copy the optimizer updates; 16 bytes/param with Adam, the ZeRO paper's 2 + 2 + 12).
-                For lora/qlora it is the base's dtype; adapters stay fp32.
+                weights, gradients and optimizer state) | "fp16" (the same bytes in fp16, for a card without
+                bf16 tensor cores such as the T4; training in fp16 needs loss scaling, lesson 03) | "mixed"
+                (bf16 weights and gradients + an fp32 master copy the optimizer updates; 16 bytes/param with
+                Adam, the ZeRO paper's 2 + 2 + 12) | "auto" (the default: "bf16" on a GPU with bf16 tensor
+                cores, "fp16" on one without). For lora/qlora it is the base's dtype; adapters stay fp32.
     optimizer   "adamw" (torch, foreach) | "adamw8bit" (bitsandbytes' layout) | "sgd" (no momentum)
     checkpointing "none" | "full" (every decoder layer) | "selective" (matmul outputs kept, the rest of
                 each layer recomputed: `memlab.fit_model.selective_policy`)
@@ -226,6 +248,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
                 cuBLAS workspaces, fragmentation): fits = peak <= capacity * (1 - headroom)
     """
     t0 = time.perf_counter()
+    precision = auto_precision(gpu) if precision == "auto" else precision
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
                 attention, lora_r).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .plan import CHOICES, FitResult, fit, fit_presets, load_config
+from .plan import CHOICES, FitResult, auto_precision, fit, fit_presets, load_config
 from ..core.gpus import HEADROOM
 from ..core.track import format_bytes
 from ..core.validate import is_int, pos_int
@@ -51,7 +51,7 @@ def _divisors_desc(n: int) -> list[int]:
 
 
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
-               precision: str = "bf16", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
+               precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
                gpus=(1,), offload: bool = True, attention: str = "sdpa", lora_r: int = 16,
                headroom: float = HEADROOM, limit: int = 10) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
@@ -83,6 +83,7 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
         raise ValueError(f"gpus must be a positive int or a list of them, got {gpus!r}")
     cfg = load_config(model)
     name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
+    precision = auto_precision(gpu) if precision == "auto" else precision
     base = dict(batch=batch, seq=seq, precision=precision, attention=attention, lora_r=lora_r, headroom=headroom,
                 mode=mode)
     found: list[FitResult] = []
@@ -164,7 +165,9 @@ HELP = {
     "method": "full: train every weight; lora: frozen base + rank-r adapters (--lora-r); qlora: the same on a 4-bit "
               "NF4 base",
     "precision": "fp32: 4-byte weights, gradients, states; amp: fp32 weights, bf16 autocast; bf16: every state "
-                 "in bf16 (pure); mixed: bf16 weights and gradients + fp32 master weights (DeepSpeed's bf16)",
+                 "in bf16 (pure); fp16: the same bytes in fp16, for GPUs without bf16 tensor cores (T4, V100); "
+                 "mixed: bf16 weights and gradients + fp32 master weights (DeepSpeed's bf16); auto: bf16, or fp16 "
+                 "on a GPU without bf16",
     "optimizer": "adamw: torch AdamW (2 states per weight); adamw8bit: bitsandbytes' 8-bit states; sgd: no state",
     "checkpointing": "none; selective: keep matmul outputs, recompute the rest of each layer; full: keep only "
                      "each layer's input",
@@ -184,9 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="sequences per optimizer step (default 1)")
     ap.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512)")
     for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
-        default = dict(method="full", precision="bf16", optimizer="adamw", checkpointing="none", mode="train",
+        default = dict(method="full", precision="auto", optimizer="adamw", checkpointing="none", mode="train",
                        attention="sdpa")[opt]
-        ap.add_argument(f"--{opt}", choices=CHOICES[opt], default=default, help=f"{HELP[opt]} (default {default})")
+        choices = CHOICES[opt] + (("auto",) if opt == "precision" else ())
+        ap.add_argument(f"--{opt}", choices=choices, default=default, help=f"{HELP[opt]} (default {default})")
     ap.add_argument("--zero", type=int, choices=CHOICES["zero"], default=0,
                     help="ZeRO stage on --gpus data-parallel ranks: 1 shards optimizer states, 2 also gradients, "
                          "3 also weights (default 0)")
