@@ -8,6 +8,7 @@
     dist/         ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
     quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
     fitting/      will it fit: memlab.fit, memlab.fit_search, memlab-fit              (lesson 08)
+    parallel/     tensor, sequence, pipeline and context parallelism                  (lesson 09)
     kit/          what the graded exercises' notebooks call (no grading code)
     plot, widgets figures and the calculator
 
@@ -24,7 +25,7 @@ from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_ba
 from .core.gpus import HEADROOM, usable_bytes
 from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .hardware.timing import copy_bandwidth, time_fn
-from . import attention, checkpointing, clinic, dist, plot, quant, widgets  # noqa: E402
+from . import attention, checkpointing, clinic, dist, parallel, plot, quant, widgets  # noqa: E402
 # will it fit: transformers and peft load inside the functions; memlab.fit and memlab.fit_search are functions
 from .fitting import FitResult, fit, fit_presets, fit_search  # noqa: E402
 
@@ -34,7 +35,7 @@ __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "M
            "HEADROOM", "usable_bytes", "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth",
            "time_fn",
            "fit", "fit_search", "FitResult", "fit_presets",
-           "attention", "checkpointing", "clinic", "dist", "plot", "quant", "widgets"]
+           "attention", "checkpointing", "clinic", "dist", "parallel", "plot", "quant", "widgets"]
 __version__ = "0.1.0"
 
 # Module paths from before memlab was grouped by technique, kept so that notebooks written against them (a

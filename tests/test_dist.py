@@ -157,6 +157,7 @@ def test_bad_run_arguments(ranks):
 
 # ----------------------------------------------------------------------------- memlab.zero helpers
 def test_ring_bytes_and_comm_volume():
+    assert ring_bytes_sent("send", 1000, 4) == 1000 and ring_bytes_sent("recv", 1000, 4) == 0   # point to point
     assert ring_bytes_sent("all_reduce", 1000, 4) == 1500
     assert ring_bytes_sent("all_gather", 1000, 4) == 750 and ring_bytes_sent("broadcast", 1000, 1) == 0
     dp, z3 = comm_volume(10, 0), comm_volume(10, 3)

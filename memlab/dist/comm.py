@@ -37,9 +37,12 @@ def ring_bytes_sent(collective: str, payload: int, world_size: int) -> float:
     """Bytes one rank sends for a collective over `payload` bytes with ring algorithms
     (Patarasuk & Yuan 2009; the accounting of Rajbhandari et al. 2020, Sec. 7):
     reduce-scatter and all-gather each send (N-1)/N x S, an all-reduce is the two of them,
-    2 (N-1)/N x S; a pipelined broadcast forwards S from all but the last rank: (N-1)/N x S."""
+    2 (N-1)/N x S; a pipelined broadcast forwards S from all but the last rank: (N-1)/N x S.
+    Point to point: a send sends its payload, a recv sends nothing."""
     pos_int("payload", payload, zero_ok=True, what="a number of bytes >= 0")
     pos_int("world_size", world_size)
+    if collective in ("send", "recv"):
+        return float(payload) if collective == "send" else 0.0
     factor = {"all_reduce": 2}.get(collective, 1)
     return factor * (world_size - 1) / world_size * payload
 
