@@ -381,9 +381,10 @@ def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> Non
                 break
 
 
+# after "expected" (or "want", "should be" ...): a number or a size, a tuple, a list, or a quoted value
 _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)(\s*(?:is|was|=|:)?\s*)"
-                       r"(?:[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)(?:\s*[KMG]i?B\b)?"   # a number, a size
-                       r"|\([^()]{0,200}\)|\[[^\[\]]{0,200}\]"                                    # a tuple, a list
+                       r"(?:[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)(?:\s*[KMG]i?B\b)?"
+                       r"|\([^()]{0,200}\)|\[[^\[\]]{0,200}\]"
                        r"|'[^']{0,200}'|\"[^\"]{0,200}\")", re.I)                                    # a quoted value
 
 
