@@ -312,3 +312,72 @@ def test_bad_input():
         with pytest.raises(exc):
             fn()
     assert math.isclose(Q.relative_error(torch.ones(4), torch.ones(4)), 0.0)
+
+
+# ----------------------------------------------------------------------------- GaLore and paged state by formula
+def _llama_on_meta(cfg):
+    from transformers import LlamaForCausalLM
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("r, targets", [(8, QL.PROJECTIONS), (32, QL.ATTENTION), (128, ["down_proj"])])
+def test_galore_bytes_count_every_parameter_of_a_real_llama(r, targets):
+    cfg = tiny_llama_config()
+    model = _llama_on_meta(cfg)
+    states = 0
+    for name, p in model.named_parameters():          # GaLore (section 4.2, Table 1): m <= n, 2nr + mr
+        if p.dim() == 2 and name.split(".")[-2] in targets:
+            m, n = sorted(p.shape)
+            states += 2 * n * r + m * r
+        else:
+            states += 2 * p.numel()                    # ordinary Adam: two moments
+    numels = [p.numel() for p in model.parameters()]
+    got = QL.galore_bytes(cfg, r, targets=targets, weight_bytes=2, grad_bytes=4, state_bytes=1)
+    assert got["parameters"] == 2 * sum(numels)
+    assert got["gradients"] == 4 * sum(numels)
+    assert got["optimizer"] == states
+    assert got["total"] == got["parameters"] + got["gradients"] + got["optimizer"]
+    per_layer = QL.galore_bytes(cfg, r, targets=targets, per_layer_update=True)
+    assert per_layer["gradients"] == 2 * max(numels)
+    assert per_layer["optimizer"] == 2 * states
+
+
+def test_galore_bytes_sit_between_lora_and_full_finetuning_at_7b():
+    cfg = QL.llama_7b_config()
+    n = QL.llama_param_count(cfg)["total"]
+    g = QL.galore_bytes(cfg, 256)
+    assert g["optimizer"] < 4 * n / 8                  # far below bf16 Adam's 4 bytes per parameter
+    assert 2 * 2 * n < g["total"] < 8 * n              # above weights + gradients, below full fine-tuning
+
+
+def test_paged_state_bytes_follow_bitsandbytes():
+    import inspect
+    src = inspect.getsource(bnb.optim.optimizer.Optimizer8bit.get_state_buffer)
+    assert "p.numel() < 1e5" in src and QL.PAGED_MIN_NUMEL == 100_000
+    assert QL.paged_state_bytes([99_999]) == {"paged": 0, "device": 8 * 99_999}
+    assert QL.paged_state_bytes([100_000]) == {"paged": 800_000, "device": 0}
+    numels = [100, 4095, 4096, 65_536, 100_000, 4096 * 4096]
+    eight = QL.paged_state_bytes(numels, eight_bit=True)
+    assert eight["paged"] == 2 * (100_000 + 4096 * 4096)
+    assert eight["paged"] + eight["device"] == sum(Q.adam8bit_state_bytes(n) for n in numels)
+    assert sum(QL.paged_state_bytes(numels).values()) == 8 * sum(numels)
+
+
+def test_galore_and_paged_bad_input():
+    cfg = tiny_llama_config()
+    cases = [
+        (lambda: QL.galore_bytes(cfg, 0), ValueError),
+        (lambda: QL.galore_bytes(cfg, cfg.hidden_size + 1), ValueError),
+        (lambda: QL.galore_bytes(cfg, 8, targets=["qkv"]), ValueError),
+        (lambda: QL.galore_bytes(cfg, 8, state_bytes=0), ValueError),
+        (lambda: QL.galore_bytes(cfg, 8, per_layer_update="yes"), TypeError),
+        (lambda: QL.galore_bytes({"hidden_size": 8}, 8), TypeError),
+        (lambda: QL.paged_state_bytes(5), TypeError),
+        (lambda: QL.paged_state_bytes([0]), ValueError),
+        (lambda: QL.paged_state_bytes([10], eight_bit=1), TypeError),
+        (lambda: QL.paged_state_bytes([10], min_8bit_size=0), ValueError),
+    ]
+    for fn, exc in cases:
+        with pytest.raises(exc):
+            fn()

@@ -26,7 +26,7 @@ from ..core.track import format_bytes
 from ..core.validate import number_in, pos_int
 
 __all__ = ["PROJECTIONS", "ATTENTION", "llama_7b_config", "projection_shapes", "llama_param_count",
-           "lora_param_count", "QLoRAEstimate", "qlora_bytes"]
+           "lora_param_count", "QLoRAEstimate", "qlora_bytes", "galore_bytes", "PAGED_MIN_NUMEL", "paged_state_bytes"]
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = PROJECTIONS[:4]
@@ -214,3 +214,71 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
         bd = {"parameters": P, "gradients": 0, "optimizer": O_before, "activations": kept,
               "temporaries": cands[where] - P - O_before - kept}
     return QLoRAEstimate(P, G, O, A, cands[where], "step" if where == "step" else "backward", bd, cands)
+
+
+# ----------------------------------------------------------------------------- GaLore, by formula
+def galore_bytes(cfg, r: int, *, targets=PROJECTIONS, weight_bytes: int = 2, grad_bytes: int = 2,
+                 state_bytes: int = 2, per_layer_update: bool = False) -> dict[str, int]:
+    """Model-state bytes of full-parameter training with GaLore-Adam (Zhao et al. 2024, "GaLore: Memory-Efficient
+    LLM Training by Gradient Low-Rank Projection", section 4.2 and Table 1), by formula: no GaLore package needed.
+
+    Every weight trains. For each targeted (m x n) weight, m <= n its shorter side, Adam's two moments live in the
+    projected space, r x n each, beside the projector P (m x r): `state_bytes * (2 n r + m r)` instead of
+    `state_bytes * 2 m n`. The other parameters (embeddings, norms, lm_head) keep ordinary Adam (2 moments each),
+    as the paper applies GaLore to the attention and MLP matrices only (section 5.1). Gradients are full size for
+    every weight, or, with `per_layer_update` (section 4.3: each weight is updated during the backward pass and its
+    gradient freed), only the largest single weight's. Returns parameters, gradients, optimizer and their total;
+    the activations and the periodic SVD of each gradient (Algorithm 2) come on top."""
+    pos_int("r", r)
+    for n, v in (("weight_bytes", weight_bytes), ("grad_bytes", grad_bytes), ("state_bytes", state_bytes)):
+        pos_int(n, v)
+    if not isinstance(per_layer_update, bool):
+        raise TypeError(f"per_layer_update must be a bool, got {type(per_layer_update).__name__}")
+    tg = _targets(targets)
+    V, C, F, L, H, kv, tied = _dims(cfg)
+    shapes = projection_shapes(cfg)
+    too_big = [t for t in tg if r > min(shapes[t])]
+    if too_big:
+        raise ValueError(f"r must be at most the shorter side of every targeted weight, got r={r} for {too_big} "
+                         f"(shapes {[shapes[t] for t in too_big]})")
+    counts = llama_param_count(cfg)
+    projected = sum(i * o for t in tg for i, o in [shapes[t]])
+    galore_states = L * sum(2 * max(shapes[t]) * r + min(shapes[t]) * r for t in tg)
+    plain = counts["total"] - L * projected                       # parameters with ordinary Adam
+    largest = max([V * C, *(i * o for i, o in shapes.values())])
+    grads = grad_bytes * (largest if per_layer_update else counts["total"])
+    out = {"parameters": weight_bytes * counts["total"], "gradients": grads,
+           "optimizer": state_bytes * (galore_states + 2 * plain)}
+    out["total"] = sum(out.values())
+    return out
+
+
+# ----------------------------------------------------------------------------- paged optimizer state
+PAGED_MIN_NUMEL = 100_000   # bitsandbytes 0.50, Optimizer8bit.get_state_buffer: smaller tensors get ordinary state
+
+
+def paged_state_bytes(numels, *, eight_bit: bool = False, min_8bit_size: int = 4096) -> dict[str, int]:
+    """Adam state of bitsandbytes' paged optimizers (PagedAdamW, PagedAdamW8bit) for parameter tensors of
+    `numels` values, split by where it is allocated (bitsandbytes/optim/optimizer.py, 0.50):
+
+    paged    the two moments of every tensor of at least PAGED_MIN_NUMEL values, allocated by `F.get_paged`
+             in CUDA unified memory (cudaMallocManaged), outside PyTorch's caching allocator: 8 bytes per
+             value, or 2 with `eight_bit` (tensors under `min_8bit_size` values keep fp32 moments)
+    device   everything else as ordinary GPU tensors: the moments of smaller tensors and the 8-bit
+             optimizers' fp32 absmax per block of 256 (`memlab.quant.adam8bit_state_bytes`).
+    """
+    if isinstance(numels, (str, bytes)) or not hasattr(numels, "__iter__"):
+        raise TypeError(f"numels must be an iterable of positive ints, got {type(numels).__name__}")
+    if not isinstance(eight_bit, bool):
+        raise TypeError(f"eight_bit must be a bool, got {type(eight_bit).__name__}")
+    pos_int("min_8bit_size", min_8bit_size)
+    from .nf4 import adam8bit_state_bytes
+    out = {"paged": 0, "device": 0}
+    for n in numels:
+        pos_int("numels[i]", n)
+        total = adam8bit_state_bytes(n, min_8bit_size) if eight_bit else 8 * n
+        moments = 2 * n if eight_bit and n >= min_8bit_size else 8 * n
+        where = "paged" if n >= PAGED_MIN_NUMEL else "device"
+        out[where] += moments
+        out["device"] += total - moments
+    return out
