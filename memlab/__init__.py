@@ -5,6 +5,7 @@
     checkpointing activation checkpointing                                            (lesson 02)
     clinic        the OOM clinic's patients                                           (lesson 04)
     attention     naive, tiled and library attention, the KV cache                    (lesson 05)
+    attention_io  the HBM bytes attention moves: IO complexity, counted                (lesson 05)
     dist/         ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
     quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
     fitting/      will it fit: memlab.fit, memlab.fit_search, memlab-fit              (lesson 08)

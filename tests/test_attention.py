@@ -243,3 +243,81 @@ def test_bad_input():
         flash_attn_status(3)
     with pytest.raises(ValueError, match=r"\(B, H, T, d\)"):
         attention_with_fallback(q[0], k[0], v[0])
+
+
+# ----------------------------------------------------------------------------- HBM traffic (lesson 05, section 6)
+def test_attention_io_counts_by_hand():
+    from memlab.attention_io import attention_io
+    from memlab.hardware.hierarchy import attention_cost
+    N, d, sram, e = 4096, 64, 192 * 1024, 2                       # the A100's SRAM per SM, bf16
+    std = attention_io(N, d, algorithm="standard")
+    assert std["total"] == (4 * N * d + 4 * N * N) * e == attention_cost(1, 1, N, d, "bf16").bytes
+    M = sram // e
+    b_c, b_r = math.ceil(M / (4 * d)), min(math.ceil(M / (4 * d)), d)
+    assert (b_c, b_r) == (384, 64)
+    f1 = attention_io(N, d, sram, algorithm="flash1")
+    t_c = math.ceil(N / b_c)
+    # init O, l, m; K and V once; per key block read Q, O, l, m and write O, l, m (l, m in fp32)
+    assert f1["total"] == (N * d + 2 * N * d + t_c * 3 * N * d) * e + (2 * N + t_c * 4 * N) * 4
+    f2 = attention_io(N, d, sram, algorithm="flash2")
+    assert f2["total"] == (2 * N * d + 2 * t_c * N * d) * e
+    assert f2["block_c"] == b_c and f2["block_r"] == b_r and f2["sram_elements"] == M
+    # Theta(N^2 d^2 / M): doubling M about halves the flash traffic, the standard count does not move
+    big = attention_io(N, d, 2 * sram, algorithm="flash2")
+    assert 0.45 < big["total"] / f2["total"] < 0.6
+    assert attention_io(N, d, 2 * sram, algorithm="standard") == std
+
+
+@pytest.mark.parametrize("N,d,sram,dtype", [(1000, 64, 192 * 1024, torch.bfloat16), (777, 32, 96 * 1024, torch.float32),
+                                            (300, 16, 4 * 1024, torch.float32)])
+def test_hbm_counter_measures_the_flash2_count_on_tiled_attention(N, d, sram, dtype):
+    from memlab.attention_io import HBMCounter, attention_io
+    pred = attention_io(N, d, sram, algorithm="flash2", dtype=dtype)
+    nb = nbformat.read(ROOT / "lessons" / "05_efficient_attention.ipynb", as_version=4)
+    ns = {"torch": torch}
+    exec(next(c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("def tiled_attention(")), ns)
+    for fn in (tiled_attention, ns["tiled_attention"]):             # memlab's copy and the lesson's cell
+        q, k, v = _qkv(1, 2, N, d, dtype=dtype)
+        with HBMCounter() as io, torch.no_grad():
+            out = fn(q, k, v, pred["block_c"], pred["block_r"])
+        got = {"q": io.bytes_read(q), "k": io.bytes_read(k), "v": io.bytes_read(v), "o": io.bytes_written(out)}
+        assert got == {t: 2 * pred[t] for t in got}, (got, pred)   # 2 heads
+        assert io.bytes_written(q) == 0 and io.bytes_read(out) == 0
+
+
+def test_hbm_counter_on_naive_attention_and_basic_ops():
+    from memlab.attention_io import HBMCounter, attention_io
+    q, k, v = _qkv(1, 1, 100, 8, dtype=torch.float32)
+    with HBMCounter() as io:
+        out = naive_attention(q, k, v)
+    std = attention_io(100, 8, algorithm="standard", dtype=torch.float32)["total"]
+    assert io.total_read + io.total_written == std + 2 * 100 * 100 * 4      # + the separate `* scale` pass
+    assert io.bytes_read(q) == io.bytes_read(k) == io.bytes_read(v) == io.bytes_written(out) == 100 * 8 * 4
+    x = torch.randn(10, 4)
+    with HBMCounter() as io:
+        y = x[:5] * 2                       # reads 5 rows of x, writes y
+        z = torch.empty(3, 4)               # allocates, writes nothing
+        z.copy_(x[:3])                      # writes z, reads 3 rows of x
+        w = x[:1].expand(10, 4) + 1         # a broadcast row is read once
+        t = x.t()                           # a view moves nothing
+    assert io.bytes_read(x) == (5 + 3 + 1) * 16
+    assert (io.bytes_written(y), io.bytes_written(z), io.bytes_read(z), io.bytes_written(w)) == (80, 48, 0, 160)
+    assert io.bytes_read(t) == io.bytes_read(x)                     # counts are per storage
+    with pytest.raises(TypeError, match="tensor"):
+        io.bytes_read([1.0])
+
+
+def test_attention_io_bad_input():
+    from memlab.attention_io import attention_io
+    with pytest.raises(ValueError, match="seq"):
+        attention_io(0, 64, 1024)
+    with pytest.raises(ValueError, match="head_dim"):
+        attention_io(10, True, 1024)
+    with pytest.raises(ValueError, match="algorithm"):
+        attention_io(10, 64, 1024, algorithm="flash3")
+    with pytest.raises(ValueError, match="sram"):
+        attention_io(10, 64, algorithm="flash1")
+    with pytest.raises(ValueError, match="sram"):
+        attention_io(10, 64, 100, algorithm="flash2")
+    with pytest.raises(ValueError, match="dtype"):
+        attention_io(10, 64, 1024, dtype="fp8")
