@@ -2,6 +2,7 @@
 
     core/         device, tracker, virtual GPU, estimators, models, GPU data sheets   (every lesson)
     hardware/     memory hierarchy, timing, numbers recorded on a real GPU           (lesson 00)
+    profiling     torch.profiler's memory timeline, read into named categories       (lesson 01)
     checkpointing activation checkpointing                                            (lesson 02)
     clinic        the OOM clinic's patients                                           (lesson 04)
     attention     naive, tiled and library attention, the KV cache                    (lesson 05)
