@@ -10,14 +10,17 @@ solutions); what each task asks of its fix lives with exercise 04's checks (auto
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.optim.optimizer as _optimizer_module
 
 from .core.models import GPT, GPTConfig
 from .core.track import active_trackers, phase, watch
+from .core.virtual_gpu import VirtualGPU
 
 __all__ = ["MODELS", "SEQ_LEN", "build_gpt", "random_tokens", "run_full_size", "steady_peak", "StepRecorder",
-           "train_big_batch", "evaluate", "train_accumulated", "train_1b3"]
+           "train_big_batch", "evaluate", "train_accumulated", "train_1b3", "run_as_cuda"]
 
 # ----------------------------------------------------------------------------- the clinic kit
 _TINY = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=32)
@@ -182,3 +185,28 @@ def steady_peak(fits: bool, peak: int, pre_step_peak: list, state_bytes: list) -
     if fits and pre_step_peak and state_bytes:
         return max(peak, pre_step_peak[0] + state_bytes[0])
     return peak
+
+
+# ----------------------------------------------------------------------------- an OOM in CUDA's words
+_PHASE_IN_OOM = re.compile(r"^CUDA out of memory during phase '([^']*)'\. ")
+
+
+def run_as_cuda(gpu, step, *args, **kwargs):
+    """`gpu.run(step, *args, **kwargs)` on a memlab.VirtualGPU, with its out-of-memory error re-raised in the words
+    of PyTorch's CUDA caching allocator: "CUDA out of memory. Tried to allocate ..." (c10/cuda/
+    CUDACachingAllocator.cpp). The virtual GPU names the phase inside that first sentence ("CUDA out of memory
+    during phase 'forward'."), and tools that recognise an OOM by its text miss it: accelerate's
+    `should_reduce_batch_size` looks for " out of memory." (accelerate/utils/memory.py). Here the phase moves to
+    the end of the first line; the type stays torch.OutOfMemoryError, a RuntimeError with one argument, which is
+    what that check also requires. Returns the VirtualRun when the step fits."""
+    if not isinstance(gpu, VirtualGPU):
+        raise TypeError(f"gpu must be a memlab.VirtualGPU, got {type(gpu).__name__}")
+    try:
+        return gpu.run(step, *args, **kwargs)
+    except torch.OutOfMemoryError as e:
+        first, newline, rest = str(e).partition("\n")
+    # raised outside the except block: the new error does not keep the old one (nor its traceback) alive
+    found = _PHASE_IN_OOM.match(first)
+    if found:
+        first = f"CUDA out of memory. {first[found.end():]} (memlab: during phase '{found.group(1)}')"
+    raise torch.OutOfMemoryError(first + newline + rest)

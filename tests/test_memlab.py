@@ -359,3 +359,64 @@ def test_tracker_matches_the_cuda_allocator():
     allocator_peak = tr.cuda_stats["max_allocated"] - base + tr.peak_breakdown["parameters"]
     # the allocator also holds cuBLAS workspaces; the tracker must be within 5% of it
     assert abs(tr.peak - allocator_peak) <= 0.05 * allocator_peak, (tr.peak, allocator_peak, tr.cuda_stats)
+
+
+# ============================================================================= memlab.clinic.run_as_cuda (lesson 04)
+# The virtual GPU's OOM, worded as PyTorch's CUDA allocator words it, so that accelerate's back-off recognises it.
+def _hold_mib(batch_size, phase_name="forward"):
+    """A stand-in step for the virtual GPU: holds batch_size MiB inside a memlab phase."""
+    with memlab.phase(phase_name):
+        return torch.empty(batch_size, 2**20, dtype=torch.uint8).nbytes
+
+
+def test_run_as_cuda_rewords_the_virtual_oom_for_accelerate():
+    from accelerate.utils.memory import should_reduce_batch_size
+    from memlab.clinic import run_as_cuda
+    gpu = memlab.VirtualGPU(capacity_gb=10 / 1024)                    # 10 MiB
+    with pytest.raises(torch.OutOfMemoryError) as raw:
+        gpu.run(_hold_mib, 16)
+    assert raw.value.args[0].startswith("CUDA out of memory during phase 'forward'.")
+    assert not should_reduce_batch_size(raw.value), "the reason run_as_cuda exists"
+    with pytest.raises(torch.OutOfMemoryError) as worded:
+        run_as_cuda(gpu, _hold_mib, 16, phase_name="backward")
+    first, *rest = worded.value.args[0].splitlines()
+    assert first.startswith("CUDA out of memory. Tried to allocate 16.00 MiB. GPU 0 (custom-")
+    assert first.endswith("(memlab: during phase 'backward')")
+    assert rest == raw.value.args[0].splitlines()[1:]                  # the live breakdown is kept
+    assert len(worded.value.args) == 1 and should_reduce_batch_size(worded.value)
+    assert worded.value.__context__ is None                            # raised outside the except block
+    run = run_as_cuda(gpu, _hold_mib, 8)                               # fits: the VirtualRun comes back
+    assert run.fits and run.value == 8 * 2**20
+
+
+def test_run_as_cuda_outside_a_phase_and_with_catch_oom():
+    from accelerate.utils.memory import should_reduce_batch_size
+    from memlab.clinic import run_as_cuda
+    gpu = memlab.VirtualGPU(capacity_gb=10 / 1024)
+    with pytest.raises(torch.OutOfMemoryError) as idle:               # no phase: already CUDA's words, unchanged
+        run_as_cuda(gpu, lambda: torch.empty(16, 2**20, dtype=torch.uint8))
+    assert idle.value.args[0].startswith("CUDA out of memory. Tried") and should_reduce_batch_size(idle.value)
+    assert "memlab: during phase" not in idle.value.args[0]
+    assert run_as_cuda(gpu, _hold_mib, 16, catch_oom=True).fits is False
+
+
+def test_run_as_cuda_checks_its_gpu():
+    from memlab.clinic import run_as_cuda
+    with pytest.raises(TypeError, match="gpu must be a memlab.VirtualGPU, got str"):
+        run_as_cuda("T4-16GB", _hold_mib, 1)
+
+
+def test_accelerate_back_off_on_the_virtual_gpu_stops_where_its_sequence_first_fits():
+    from accelerate.utils import find_executable_batch_size
+    from memlab.clinic import run_as_cuda
+    gpu = memlab.VirtualGPU(capacity_gb=10 / 1024)                    # holds 10 MiB
+    for start, rule, expected in ((16, None, [16, 14, 12, 10]), (64, lambda b: b // 2, [64, 32, 16, 8])):
+        tried = []
+
+        def train(batch_size):
+            tried.append(batch_size)
+            return run_as_cuda(gpu, _hold_mib, batch_size).value
+
+        kw = {} if rule is None else {"reduce_batch_size_fn": lambda: rule(tried[-1])}
+        assert find_executable_batch_size(train, starting_batch_size=start, **kw)() == expected[-1] * 2**20
+        assert tried == expected
