@@ -3,6 +3,7 @@ tracked notebook is committed clean, with the course's setup cell and badge."""
 
 from __future__ import annotations
 
+import ast
 import re
 import time
 from pathlib import Path
@@ -19,13 +20,40 @@ SETUP = '''# Setup: on Colab install the course kit; then pick the device and sa
 import sys, subprocess
 if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "git+https://github.com/{slug}"], check=True)
+                    "{target}"], check=True)
 import torch
 import memlab
 torch.manual_seed(0)
 device = memlab.pick_device()
 print(memlab.describe(device))
-ON_GPU = device.type == "cuda"'''.format(slug=memlab.REPO_SLUG)
+ON_GPU = device.type == "cuda"'''
+GIT = f"git+https://github.com/{memlab.REPO_SLUG}"
+# the Colab install target: the base kit, or the kit with the extras a notebook needs
+TARGET = re.compile(r"(?:gpu-memory-lab\[(?P<extras>[a-z,]+)\] @ )?" + re.escape(GIT))
+HEAVY = {"deepspeed": "zero", "peft": "qlora", "bitsandbytes": "qlora"}    # package -> the extra that installs it
+
+
+WHO_IMPORTS = f"""import importlib.abc as _abc, sys as _sys
+class _Who(_abc.MetaPathFinder):
+    seen = {{}}
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in {set(HEAVY)!r} and top not in self.seen:
+            f = _sys._getframe(1)
+            while f is not None and str(f.f_globals.get("__name__", "")).startswith(("importlib", "_frozen")):
+                f = f.f_back
+            self.seen[top] = str(f.f_globals.get("__name__", "?")) if f is not None else "?"
+_who = _Who()
+_sys.meta_path.insert(0, _who)"""
+
+
+def setup_extras(source: str) -> set[str] | None:
+    """The extras a setup cell installs on Colab (empty: the base kit), or None if it is not the course's cell."""
+    for m in re.finditer(r'"([^"]*github\.com[^"]*)"', source):
+        t = TARGET.fullmatch(m[1])
+        if t and source.startswith(SETUP.format(target=m[1])):
+            return set(filter(None, (t["extras"] or "").split(",")))
+    return None
 
 
 def _rel(p: Path) -> str:
@@ -49,8 +77,9 @@ def test_header_badge_and_setup_cell(path):
     assert memlab.colab_badge(target) in head.source, (
         f"{_rel(path)}: the header needs the Colab badge built from memlab.REPO_SLUG: {memlab.colab_badge(target)}")
     setup = nb.cells[1]
-    assert setup.cell_type == "code" and setup.source.startswith(SETUP), (
-        f"{_rel(path)}: the second cell must be the course's setup cell (see tests/test_notebooks.py SETUP)")
+    assert setup.cell_type == "code" and setup_extras(setup.source) is not None, (
+        f"{_rel(path)}: the second cell must be the course's setup cell (see tests/test_notebooks.py SETUP), "
+        f"installing {GIT} or gpu-memory-lab[EXTRAS] @ {GIT}")
 
 
 def test_every_syllabus_link_points_at_a_notebook():
@@ -75,6 +104,12 @@ def test_lesson_executes_on_cpu(path, working_copy):
     from nbclient import NotebookClient
     copy = working_copy / path.relative_to(ROOT)
     nb = nbformat.read(copy, as_version=4)
+    # which optional packages the lesson's own code (or memlab) imports: Colab's setup cell must install them. A
+    # finder inserted after the setup cell notes, for each, the module whose import statement first asked for it;
+    # transformers, accelerate and peft import them on their own when they are installed (optional integrations)
+    extras = setup_extras(nb.cells[1].source)
+    nb.cells.insert(2, nbformat.v4.new_code_cell(WHO_IMPORTS))
+    nb.cells.append(nbformat.v4.new_code_cell("print('HEAVY:' + repr(_who.seen))"))
     t0 = time.time()
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(copy.parent)}}).execute()
@@ -82,3 +117,9 @@ def test_lesson_executes_on_cpu(path, working_copy):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     print(f"{_rel(path)} executed in {took:.1f} s")
+    line = "".join(o.get("text", "") for o in nb.cells[-1].outputs).strip()
+    seen = ast.literal_eval(line.removeprefix("HEAVY:"))          # {package: the module that first imported it}
+    need = {HEAVY[p] for p, who in seen.items() if not who.startswith(("transformers", "accelerate", "peft"))}
+    assert need <= extras, (f"{_rel(path)} imports {seen} (package: importing module): on Colab its setup cell "
+                            f"must install gpu-memory-lab[{','.join(sorted(need | extras))}] @ {GIT}, "
+                            f"it installs {sorted(extras) or 'the base kit'}")
