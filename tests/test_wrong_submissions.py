@@ -1,11 +1,11 @@
 """Every exercise, graded for real by nbgrader in a class run (sandbox, one process per learner, trusted judge):
-the solution earns full marks, the untouched release earns nothing, and a sample of the plausible-wrong and
-correct-alternative submissions of tests/submissions/exNN.py score what their specs say.
+the solution earns full marks, the untouched release earns nothing, and a notebook packing plausible-wrong
+submissions of tests/submissions/exNN.py scores what their specs say.
 
 Every spec, wrong or right, is judged cell by cell in every run by tests/test_checks.py, with the same check
-code in-process; a class run costs a sandbox and a full notebook per learner, so here each exercise grades four
-learners: the reference, the untouched release, one notebook packing as many wrong specs as can share it, and
-one packing the correct alternatives (or a second packed wrong one where an exercise has none).
+code in-process; a class run costs a sandbox and a full notebook per learner, so here each exercise grades three
+learners: the reference, the untouched release, and one notebook packing as many wrong specs as can share it.
+The correct alternatives are judged in-process by tests/test_checks.py, like every wrong spec.
 
 Each exercise is one test: a class run is costly, and a test function is the one unit pytest-xdist never splits
 across workers (grouping marks are not honoured by every pytest-xdist and pytest pair)."""
@@ -54,11 +54,9 @@ def _released(spec) -> bool:
 
 
 def sample(spec) -> list[dict]:
-    """The packed learners a class run grades: the first packed wrong notebook, and the first packed correct
-    one or else the second packed wrong one."""
-    wrong = list(pack(spec.WRONG).values())
-    right = list(pack(getattr(spec, "RIGHT", {})).values())
-    return wrong[:1] + (right[:1] or wrong[1:2])
+    """The packed learner a class run grades beside the reference and the untouched release: the first packed
+    wrong notebook (the one holding the most wrong specs)."""
+    return list(pack(spec.WRONG).values())[:1]
 
 
 def class_run(spec, tmp: Path):
@@ -117,25 +115,13 @@ def wrong_problems(spec, res, learner, excused) -> list[str]:
     return problems
 
 
-def right_problems(spec, res, learner) -> list[str]:
-    want = graded_cells(spec.ASSIGNMENT)
-    problems = []
-    for name in getattr(spec, "RIGHT", {}):
-        if name not in learner:
-            continue
-        got = res.graded.get(learner[name], {})
-        problems += [f"{name}: a correct alternative lost points on {g}: {got.get(g)}"
-                     for g, pts in want.items() if got.get(g, (0, 0))[0] != pts]
-    return problems
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=[s.ASSIGNMENT for s in SPECS])
 def test_class_run_scores_every_learner_as_specified(spec, tmp_path):
     if not _released(spec):
         pytest.fail(f"exercises/{spec.ASSIGNMENT} is missing: run `memlab-grade release {spec.ASSIGNMENT}`")
     res, learner, excused = class_run(spec, tmp_path)
     problems = (reference_problems(spec, res) + untouched_problems(spec, res)
-                + wrong_problems(spec, res, learner, excused) + right_problems(spec, res, learner))
+                + wrong_problems(spec, res, learner, excused))
     assert learner, f"{spec.ASSIGNMENT}: the class run graded no wrong submission"
     assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
 
