@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks.common import Task, rng
+from .checks.common import Task, hide, reveal, rng
 from .sandbox import Limits, Sandbox, tail
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -373,8 +373,8 @@ def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> Non
         graded.scores[gid] = (points[gid], points[gid])
         for i, case in enumerate(cases):
             why = _judge(task, case, results.get(f"{gid}/{i}"), graded.note)
-            if why and TEST_CELL.match(gid)["kind"] == "hidden":
-                why = redact(why)
+            if why:   # expected values marked by the judge: shown in a visible cell, [hidden] in a hidden one
+                why = redact(hide(why)) if TEST_CELL.match(gid)["kind"] == "hidden" else reveal(why)
             if why:
                 graded.scores[gid] = (0.0, points[gid])
                 graded.reasons[gid] = why if len(why) <= MAX_REASON_CHARS else why[:MAX_REASON_CHARS] + " [...]"
@@ -389,7 +389,8 @@ _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)
 
 
 def redact(message: str) -> str:
-    """A hidden check's message without the expected numbers (the inputs are drawn anew each run anyway)."""
+    """A second line of defence behind the judges' marked expected values (checks.common.expected): any number,
+    size, tuple, list or quoted value still written after "expected" in a hidden check's message is hidden too."""
     return _EXPECTED.sub(lambda m: f"{m[1]}{m[2]}[hidden]", message)
 
 

@@ -204,13 +204,40 @@ def test_hidden_messages_lose_their_expected_values(message, redacted):
 
 
 def test_only_hidden_cells_are_redacted():
+    from autograder.checks.common import expected
+
     class Task:
         def judge(self, case, value):
-            raise AssertionError(f"got {value}, expected {case}")
+            raise AssertionError(f"got {value}, expected {expected(case)}: count every byte")
     graded = Graded()
     plan = {"task1_1_x_visible": (Task(), [7]), "task1_1_x_hidden": (Task(), [7])}
     results = {"task1_1_x_visible/0": {"value": 3}, "task1_1_x_hidden/0": {"value": 3}}
     trusted._judge_cases(plan, {"task1_1_x_visible": 1, "task1_1_x_hidden": 2}, results, graded)
-    assert graded.reasons["task1_1_x_visible"] == "got 3, expected 7"
-    assert graded.reasons["task1_1_x_hidden"] == "got 3, expected [hidden]"
+    assert graded.reasons["task1_1_x_visible"] == "got 3, expected 7: count every byte"
+    assert graded.reasons["task1_1_x_hidden"] == "got 3, expected [hidden]: count every byte"
     assert graded.scores == {"task1_1_x_visible": (0.0, 1), "task1_1_x_hidden": (0.0, 2)}
+
+
+def test_the_notebooks_check_reveals_visible_and_hides_hidden_expected_values():
+    from autograder.checks.common import Task, check, expected
+
+    def judge(case, got):
+        raise AssertionError(f"nbytes {got}, expected {expected(case * 4)}")
+    task = Task(id="task1_1_x", names=(), cases=lambda hidden, r: [r.randint(10, 99)], run=lambda case, **names: 0,
+                judge=judge)
+    for hidden, want in ((False, r"nbytes 0, expected \d+$"), (True, r"nbytes 0, expected \[hidden\]$")):
+        with pytest.raises(AssertionError, match=want):
+            check(task, hidden=hidden)
+
+
+def test_every_judge_marks_the_expected_values_it_states():
+    """A value a judge writes right after "expected" is marked with expected(...), so that hidden feedback can
+    hide it, unless it is derived from the case's own inputs (a shape, a count the learner was given)."""
+    import re
+    allowed = ("case[", "len(case", "tuple(w.shape)", "tuple(shape)", "list(KEYS)")
+    unmarked = []
+    for judge in sorted((ROOT / "autograder" / "checks").glob("ex*/judge.py")):
+        for m in re.finditer(r"expected (?:exactly )?\{(?!expected\()([^}]*)\}", judge.read_text()):
+            if not m[1].startswith(allowed):
+                unmarked.append(f"{judge.parent.name}: expected {{{m[1]}}}")
+    assert not unmarked, f"mark these with expected(...) (autograder/checks/common.py): {unmarked}"

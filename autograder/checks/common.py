@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -88,8 +89,33 @@ def check(task: Task, *, hidden: bool = False, **names) -> int:
     """Run a task's cases in this process: the notebook's instant feedback. Returns the number of cases."""
     cases = task.cases(hidden, rng(hidden))
     for case in cases:
-        task.judge(case, decode(encode(task.run(case, **names))))
+        try:
+            task.judge(case, decode(encode(task.run(case, **names))))
+        except AssertionError as e:
+            raise AssertionError(hide(str(e)) if hidden else reveal(str(e))) from None
     return len(cases)
+
+
+# ----------------------------------------------------------------------------- expected values in messages
+# A judge marks each expected value it states with expected(...); who sees it is decided where the message is
+# shown: a visible check reveals it, a hidden check's message gets [hidden] in its place (the trusted grader does
+# the same), so hidden feedback never carries the reference's answer, whatever the wording around it.
+_MARK = re.compile("\u27e6(.*?)\u27e7", re.S)
+
+
+def expected(value) -> str:
+    """`value` marked as the expected one in a judge's message (str(value) between markers)."""
+    return f"\u27e6{value}\u27e7"
+
+
+def reveal(message: str) -> str:
+    """A message as a visible check shows it: the expected values, without their markers."""
+    return _MARK.sub(lambda m: m[1], message)
+
+
+def hide(message: str) -> str:
+    """A message as a hidden check shows it: each marked expected value replaced by [hidden]."""
+    return _MARK.sub("[hidden]", message)
 
 
 # ----------------------------------------------------------------------------- judging helpers

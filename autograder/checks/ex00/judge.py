@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..common import expect_int, expect_type
+from ..common import expect_int, expect_type, expected
 from .cases import GPUS, ITEMSIZE, KEYS, _describe, _numel
 from .refs import _cost, _new_storage_reference, _peak
 
@@ -26,7 +26,7 @@ def _cost_judge(case, got):
                 "layer_norm": " The convention is 7 FLOPs per element of x."}.get(op, " One FLOP per output element.")
         if op == "matmul" and flops * 2 == want_f:
             hint = " Yours is exactly half: each multiply-add is 2 FLOPs."
-        raise AssertionError(f"{what}: flops {flops}, expected {want_f}.{hint}")
+        raise AssertionError(f"{what}: flops {flops}, expected {expected(want_f)}.{hint}")
     if nbytes != want_b:
         size = ITEMSIZE[dtype]
         hint = (f" Count every input read once (its own numel, before broadcasting) plus the output written "
@@ -37,7 +37,7 @@ def _cost_judge(case, got):
                 list(torch.broadcast_shapes(tuple(shapes[0][:-2]), tuple(shapes[1][:-2]))) + [shapes[0][-2],
                                                                                           shapes[1][-1]]) * size:
             hint = " You counted only the output: the inputs are read from memory too."
-        raise AssertionError(f"{what}: nbytes {nbytes}, expected {want_b}.{hint}")
+        raise AssertionError(f"{what}: nbytes {nbytes}, expected {expected(want_b)}.{hint}")
 
 
 # ----------------------------------------------------------------------------- task 0.2: the roofline
@@ -60,16 +60,16 @@ def _roof_judge(case, got):
         rule = (f"a {dtype} matmul runs on the tensor cores: gpu['tensor_flops'][{dtype!r}]" if op == "matmul" and tc
                 else f"the {g['name']} has no {dtype} tensor-core peak: gpu['vector_flops']" if op == "matmul"
                 else "only matmuls use the tensor cores; every other op gets gpu['vector_flops']")
-        raise AssertionError(f"{what}: peak {got['peak']:.4g} FLOP/s, expected {peak:.4g}: {rule}")
+        raise AssertionError(f"{what}: peak {got['peak']:.4g} FLOP/s, expected {expected(f'{peak:.4g}')}: {rule}")
     for k in ("intensity", "ridge", "attainable", "time_s"):
         if not math.isclose(float(got[k]), want[k], rel_tol=1e-6):
             hint = {"intensity": "flops / nbytes", "ridge": "peak / gpu['bandwidth']",
                     "attainable": "min(peak, intensity * gpu['bandwidth'])",
                     "time_s": "flops / attainable"}[k]
-            raise AssertionError(f"{what}: {k} = {got[k]:.6g}, expected {want[k]:.6g} ({hint})")
+            raise AssertionError(f"{what}: {k} = {got[k]:.6g}, expected {expected(f'{want[k]:.6g}')} ({hint})")
     if got["bound"] != want["bound"]:
-        raise AssertionError(f"{what}: bound {got['bound']!r}, expected {want['bound']!r}: memory-bound when the "
-                             f"intensity is below the ridge point ({ridge:.1f} FLOP/byte here)")
+        raise AssertionError(f"{what}: bound {got['bound']!r}, expected {expected(repr(want['bound']))}: "
+                             f"memory-bound when the intensity is below the ridge point ({ridge:.1f} FLOP/byte here)")
 
 
 # ----------------------------------------------------------------------------- task 0.3: copy bandwidth
@@ -166,5 +166,5 @@ def _storage_judge(case, got):
             hint = " A slice of a new storage keeps the whole storage alive: count untyped_storage().nbytes()."
         elif not want:
             hint = " Views, in-place ops and no-op conversions return tensors that share an input's storage."
-        raise AssertionError(f"new_storage_bytes for {_describe(case)}: got {got}, expected {want} bytes of new "
-                             f"storage.{hint}")
+        raise AssertionError(f"new_storage_bytes for {_describe(case)}: got {got}, expected {expected(want)} bytes "
+                             f"of new storage.{hint}")

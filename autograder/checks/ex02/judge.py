@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from memlab.checkpointing import activation_peak
 
-from ..common import mb
+from ..common import expected, mb
 from .cases import CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train, fingerprint as _fingerprint
 from .refs import (RTOL, RefSegments, brute_force_plan, min_peak, plain_forward, plan_cost, plan_peak,
                    ref_checkpointed_gpt, ref_every_k, round_robin_segments, same, search_min_cost)
@@ -67,7 +67,7 @@ def _stack_judge(task, case, got, expected_calls, ref_scheme, slack_blocks):
             why.append(f"blocks {more} ran more times than expected: do you call a block twice in forward (for "
                        f"example once under torch.no_grad() and once normally), or checkpoint it twice?")
         raise AssertionError(f"{task} ({desc}): forward calls per block in one forward + backward were {calls}, "
-                             f"expected {expected_calls}. " + " ".join(why))
+                             f"expected {expected(expected_calls)}. " + " ".join(why))
     scheme = ref_scheme(blocks)
     ref_peak = activation_peak(scheme, lambda: (scheme(x) * weights).sum()).peak
     plain_peak = activation_peak(scheme, lambda: (plain_forward(blocks, x) * weights).sum()).peak
@@ -117,7 +117,7 @@ def _judge_segments(n, segs):
         f"0..{n} exactly (each stop is the next start; Python slice convention, stop excluded)")
     sizes = [s[1] - s[0] for s in segs]
     assert len(segs) == want, (
-        f"task2_2: sqrt_segments({n}) returned {len(segs)} segments, expected ceil(sqrt({n})) = {want}")
+        f"task2_2: sqrt_segments({n}) returned {len(segs)} segments, expected ceil(sqrt({n})) = {expected(want)}")
     assert max(sizes) - min(sizes) <= 1, (
         f"task2_2: sqrt_segments({n}) has segment lengths {sizes}; they must differ by at most one "
         f"(spread the remainder n % segments over the first or last segments)")

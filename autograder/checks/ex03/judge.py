@@ -9,7 +9,7 @@ import torch
 
 from memlab.kit.ex03 import drive_scaler
 
-from ..common import expect_type, mb
+from ..common import expect_type, expected, mb
 from .cases import CATEGORY_KEYS
 from .refs import reference_amp, reference_report
 
@@ -260,7 +260,7 @@ def report_judge(case, got):
         if total != want_total[k]:
             raise AssertionError(f"{where} {k}: memlab's tracker measures {want_total[k]} bytes "
                                  f"({mb(want_total[k])}), your report sums to {total} ({mb(total)}), by dtype "
-                                 f"{_fmt(row)} (expected {_fmt(want[k])}). Count {_REPORT_HINTS[k]}")
+                                 f"{_fmt(row)} (expected {expected(_fmt(want[k]))}). Count {_REPORT_HINTS[k]}")
         if row != want[k]:
             raise AssertionError(f"{where} {k}: the total is right but the split by dtype is not: expected "
                                  f"{_fmt(want[k])}, got {_fmt(row)}. Use each tensor's own .dtype. {_REPORT_HINTS[k]}")

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..common import allclose, expect_int, expect_type
+from ..common import allclose, expect_int, expect_type, expected
 from .cases import DQ_BLOCK, GLOBAL_STATE, absmax_input, base_linear, lora_tensors, nf4_input
 from .refs import bpp_reference, measured_activations, measured_states, peft_reference, states_closed_form
 
@@ -38,7 +38,8 @@ def nf4_judge(case, got):
     want_am = st.absmax.double()
     if am.shape != want_am.shape:
         hint = " One absmax per block of `blocksize` values, the last block may be shorter." if am.numel() != nb else ""
-        raise AssertionError(f"absmax has {am.numel()} entries, expected {nb} (ceil({n} / {bs})){hint} {what}")
+        raise AssertionError(f"absmax has {am.numel()} entries, expected {expected(nb)} (ceil({n} / {bs}))"
+                             f"{hint} {what}")
     if not torch.equal(am, want_am):
         hint = " All your absmax values equal the whole tensor's largest |x|: take the max over each block." \
             if torch.all(am == x.float().abs().max().double()) else " absmax of a block is max |x| over that block."
@@ -47,8 +48,8 @@ def nf4_judge(case, got):
     assert got["packed_dtype"] == "torch.uint8", f"packed must be torch.uint8, got {got['packed_dtype']} {what}"
     packed = torch.tensor(got["packed"], dtype=torch.int64)
     if packed.numel() != p_ref.numel():
-        raise AssertionError(f"packed has {packed.numel()} bytes, expected ceil({n} / 2) = {p_ref.numel()}: two "
-                             f"4-bit codes per byte {what}")
+        raise AssertionError(f"packed has {packed.numel()} bytes, expected ceil({n} / 2) = "
+                             f"{expected(p_ref.numel())}: two 4-bit codes per byte {what}")
     if packed.min() < 0 or packed.max() > 255:
         raise AssertionError(f"packed holds values outside 0..255 {what}")
     ref_codes = _unpack(p_ref.long(), n)
@@ -133,15 +134,16 @@ def dq_judge(case, got):
         raise AssertionError(f"offset = {got['offset']:.7g} is not the mean of the absmax values {what}")
     assert got["absmax2_dtype"] == "torch.float32", f"absmax2 must be float32, got {got['absmax2_dtype']}"
     if len(got["absmax2"]) != nb2:
-        raise AssertionError(f"absmax2 has {len(got['absmax2'])} entries, expected ceil({nb} / {DQ_BLOCK}) = {nb2}: "
-                             f"one per block of {DQ_BLOCK} absmax values, the last block may be shorter {what}")
+        raise AssertionError(f"absmax2 has {len(got['absmax2'])} entries, expected ceil({nb} / {DQ_BLOCK}) = "
+                             f"{expected(nb2)}: one per block of {DQ_BLOCK} absmax values, the last block may be "
+                             f"shorter {what}")
     _same("absmax2", got["absmax2"], st2.absmax, 1e-6, 0, what,
           f" absmax2 of a block is max |absmax - offset| over its {DQ_BLOCK} values (subtract the mean first; "
           f"the largest MAGNITUDE, which may lie below the mean).")
     assert got["q_dtype"] == "torch.uint8", f"qabsmax must be torch.uint8, got {got['q_dtype']} {what}"
     q = torch.tensor(got["q"], dtype=torch.int64)
     if q.numel() != nb:
-        raise AssertionError(f"qabsmax has {q.numel()} entries, expected one per absmax ({nb}) {what}")
+        raise AssertionError(f"qabsmax has {q.numel()} entries, expected one per absmax ({expected(nb)}) {what}")
     code = st2.code.double()
     y = ((a - offset).double().view(-1)
          / st2.absmax.double().repeat_interleave(DQ_BLOCK)[:nb])         # the value each code stands for
@@ -199,7 +201,8 @@ def _lora_judge_locked(case, got):
                              f"base.weight and base.bias with requires_grad_(False); only A and B train {what}")
     want_tr = sorted([["lora_A", [r, d_in]], ["lora_B", [d_out, r]]])
     if got["trainable"] != want_tr:
-        raise AssertionError(f"the trainable parameters are {got['trainable']}, expected exactly {want_tr} {what}")
+        raise AssertionError(f"the trainable parameters are {got['trainable']}, expected exactly "
+                             f"{expected(want_tr)} {what}")
     base = base_linear(case)
     A, B, x, gout = lora_tensors(case)
     mag = _lora_magnitudes(case, base, A, B, x, gout)
