@@ -171,6 +171,8 @@ def check_notebook(notebook: Path, assignment: str | None = None, timeout: float
     sandbox = Sandbox()
     if sandbox.warning():
         print(sandbox.warning(), file=sys.stderr)
+    print(f"grading {notebook.name} as {ex.name} in a sandbox: the whole notebook runs, hidden tests included "
+          f"(a minute or more; at most {timeout:.0f} s)...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="memlab-check-") as tmp:
         stage = stage_course_code(Path(tmp) / "course")
         try:
@@ -258,6 +260,8 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
         raise SystemExit(f"no submissions in {submissions}: expected <learner>.ipynb, <learner>/{ex.release.name} or "
                          f"<learner>/{ex.name}/{ex.release.name}")
     res = ClassResult(failed=dict(failed), skipped=skipped)
+    log(f"{ex.name}: {len(found)} learner notebook(s) found, {len(skipped)} other entries skipped; registering the "
+        f"assignment in the gradebook...")
     sandbox = Sandbox()
     if sandbox.warning():
         log(sandbox.warning())
@@ -269,6 +273,8 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
             learners[sid] = read_notebook(path)      # read once: what is graded is what is recorded
         except NotGradable as e:
             res.failed[sid] = str(e)
+    log(f"grading {len(learners)} learner(s), {jobs} at a time, each in its own sandbox (the whole notebook runs; "
+        f"at most {timeout:.0f} s each); a line per learner as each finishes")
     with tempfile.TemporaryDirectory(prefix="memlab-class-") as tmp:
         stage = stage_course_code(Path(tmp) / "course")
         copies = Path(tmp) / "submissions"
@@ -303,9 +309,11 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
                 flagged = f"  FLAGGED: {'; '.join(g.flags)}" if g.flags else ""
                 log(f"[{i}/{len(futs)}] {sid:<24} {s:g} / {m:g}  ({g.seconds:.0f} s){note}{flagged}")
     if res.graded:
+        log(f"writing each learner's feedback page (nbgrader generate_feedback, {len(res.graded)} learner(s))...")
         fb = nbgrader(course, "generate_feedback", ex.name, "--force")
         if fb.returncode != 0:
             log(f"warning: feedback generation failed:\n{fb.stderr[-2000:]}")
+    log(f"exporting {course.root / 'grades.csv'}...")
     gradebook.export_csv(course, course.root / "grades.csv")
     return res
 

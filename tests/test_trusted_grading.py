@@ -284,6 +284,10 @@ def the_run_ends_within_its_limits(corpus_run):
     assert corpus_run["seconds"] < n * TIMEOUT / 2 + 120, corpus_run["seconds"]
     orphans = subprocess.run(["pgrep", "-f", "memlab-orphan"], capture_output=True, text=True).stdout.split()
     assert not orphans, f"processes a learner started outlived its grading: {orphans}"
+    # it says what it is doing, phase by phase, from the first seconds to the export
+    phases = ["learner notebook(s) found", "grading ", "writing each learner's feedback", "exporting "]
+    at = [next((i for i, line in enumerate(corpus_run["log"]) if p in line), None) for p in phases]
+    assert None not in at and at == sorted(at), f"phase lines {phases} in order, got {corpus_run['log'][:4]}"
 
 
 def nothing_outside_the_attackers_rows_changed(corpus_run):
