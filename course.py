@@ -270,6 +270,20 @@ def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+TERMINAL_RC = VENV / "course-bashrc"       # what bash reads in JupyterLab's terminal (write_terminal_rc)
+
+
+def write_terminal_rc(path: Path = TERMINAL_RC) -> Path:
+    """The terminal's bash start-up file: the user's ~/.bashrc first (prompt, aliases, pyenv or conda), then the
+    course's environment first on PATH, whatever ~/.bashrc did to it."""
+    path.write_text("# written by course.py start: JupyterLab's terminal reads this instead of ~/.bashrc\n"
+                    '[ -f "$HOME/.bashrc" ] && . "$HOME/.bashrc"\n'
+                    f"export VIRTUAL_ENV={shlex.quote(str(VENV))}\n"
+                    f'export PATH={shlex.quote(str(BIN))}:"$PATH"\n'
+                    "hash -r 2>/dev/null\n")
+    return path
+
+
 def jupyter_command(options: list[str], *, as_root: bool, environ: dict[str, str] | None = None,
                     root_dir: Path = WORK) -> list[str]:
     """The JupyterLab command line: the working copy as root folder, lesson 01 opened, `options` passed on."""
@@ -279,9 +293,11 @@ def jupyter_command(options: list[str], *, as_root: bool, environ: dict[str, str
     if os.name != "nt" and not any(o.startswith("--ServerApp.terminado_settings") for o in options):
         # JupyterLab's terminal is a login shell when the server's output is not a terminal (nohup, a
         # container), and a login shell reads /etc/profile, which on Debian/Ubuntu resets PATH: ask for a
-        # plain interactive shell so the PATH set in server_env() holds.
+        # plain interactive shell. bash also reads ~/.bashrc, where pyenv or conda put their own python first:
+        # it gets TERMINAL_RC, which reads ~/.bashrc and then puts the course's scripts first again.
         shell = env.get("SHELL") or shutil.which("bash") or "sh"
-        cmd.append(f"--ServerApp.terminado_settings=shell_command={json.dumps([shell])}")
+        argv = [shell, "--rcfile", str(TERMINAL_RC)] if Path(shell).name == "bash" else [shell]
+        cmd.append(f"--ServerApp.terminado_settings=shell_command={json.dumps(argv)}")
     if as_root and "--allow-root" not in options:
         cmd.append("--allow-root")
     return cmd + list(options)
@@ -294,6 +310,7 @@ def start(options: list[str]) -> int:
     as_root = running_as_root()
     if as_root:
         say("running as root (a container or cloud VM?): passing --allow-root to JupyterLab")
+    write_terminal_rc()
     cmd = jupyter_command(options, as_root=as_root)
     say(f"opening JupyterLab in {WORK.name}/ (your working copy; stop it with Ctrl-C)")
     env = server_env()

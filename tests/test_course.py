@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,28 @@ def test_jupyter_command_opens_lesson_01_in_the_working_copy_and_passes_options_
     assert "--LabApp.default_url=/lab/tree/lessons/01_memory_anatomy.ipynb" in cmd
     assert (ROOT / "lessons" / "01_memory_anatomy.ipynb").exists()
     if os.name != "nt":   # a plain (not login) shell, so /etc/profile cannot reset PATH in the terminal
-        assert '--ServerApp.terminado_settings=shell_command=["/bin/bash"]' in cmd
+        assert f'--ServerApp.terminado_settings=shell_command=["/bin/bash", "--rcfile", "{course.TERMINAL_RC}"]' in cmd
+        cmd = course.jupyter_command([], as_root=False, environ={"SHELL": "/bin/zsh"})
+        assert '--ServerApp.terminado_settings=shell_command=["/bin/zsh"]' in cmd
+
+
+@pytest.mark.skipif(os.name == "nt" or not shutil.which("bash"), reason="bash start-up files")
+def test_the_terminals_python_is_the_courses_whatever_bashrc_does(tmp_path):
+    """A ~/.bashrc that puts another python first (as pyenv and conda init do): the terminal's bash still finds
+    the course's python first, and the user's .bashrc still ran."""
+    home = tmp_path / "home"
+    other = tmp_path / "other-python"
+    for d in (home, other):
+        d.mkdir()
+    (other / "python").write_text("#!/bin/sh\necho other\n")
+    (other / "python").chmod(0o755)
+    (home / ".bashrc").write_text(f'export PATH={other}:"$PATH"\nexport FROM_BASHRC=yes\n')
+    rc = course.write_terminal_rc(tmp_path / "course-bashrc")
+    out = subprocess.run(["bash", "--rcfile", str(rc), "-i", "-c", 'command -v python; echo "$FROM_BASHRC"'],
+                         env={"HOME": str(home), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=30)
+    lines = out.stdout.split()
+    assert lines == [str(course.BIN / "python"), "yes"], (out.stdout, out.stderr)
 
 
 def test_server_path_starts_with_the_course_environment():
