@@ -181,8 +181,14 @@ def test_bad_model_and_gpu():
 
 @pytest.mark.slow
 def test_search_finds_cheapest_plans_first():
-    plans = memlab.fit_search("gpt2", 1.5, batch=2, seq=256, gpus=(1, 2), optimizers=("adamw",))
+    lines = []
+    plans = memlab.fit_search("gpt2", 1.5, batch=2, seq=256, gpus=(1, 2), optimizers=("adamw",),
+                              progress=lines.append)
     assert plans and all(p.fits for p in plans)
+    assert lines and all(line.startswith("[") and " s] " in line for line in lines), lines[:3]
+    assert any("fits" in line for line in lines), "one line per branch and per plan tried, with its verdict"
+    with pytest.raises(ValueError, match="progress"):
+        memlab.fit_search("gpt2", 1.5, progress="print")
     ranks = [({"full": 0, "lora": 1, "qlora": 2}[p.plan["method"]], p.plan["gpus"]) for p in plans]
     assert ranks == sorted(ranks)
     full1 = [p.cost["extra_seconds"] for p in plans if p.plan["method"] == "full" and p.plan["gpus"] == 1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from .plan import CHOICES, FitResult, auto_precision, fit, fit_presets, load_config
 from ..core.gpus import HEADROOM
@@ -53,7 +54,7 @@ def _divisors_desc(n: int) -> list[int]:
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
                precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
                gpus=(1,), offload: bool = True, attention: str = "sdpa", lora_r: int = 16,
-               headroom: float = HEADROOM, limit: int = 10) -> list[FitResult]:
+               headroom: float = HEADROOM, limit: int = 10, progress=None) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
 
     Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
@@ -70,9 +71,17 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     that fits, and a stronger checkpointing only tries micro-batches larger than the largest that fitted with a
     weaker one. For mode="inference" the methods are compared as they are (lora serves like full; qlora serves
     a 4-bit base).
-    Returns at most `limit` plans (an empty list: nothing searched fits).
+    Returns at most `limit` plans (an empty list: nothing searched fits). `progress`, if given, is called with
+    one line per branch and per plan tried (memlab-fit prints them).
     """
     pos_int("limit", limit)
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress must be None or a function of one str, got {type(progress).__name__}")
+    t0 = time.perf_counter()
+
+    def say(line):
+        if progress is not None:
+            progress(f"[{time.perf_counter() - t0:5.0f} s] {line}")
     for name, vals, allowed in (("methods", methods, CHOICES["method"]),
                                 ("optimizers", optimizers, CHOICES["optimizer"])):
         if isinstance(vals, str) or not vals or any(v not in allowed for v in vals):
@@ -105,7 +114,9 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
             for opt in (optimizers if m == "full" else ("adamw",)):
                 least = dict(base, method=m, optimizer=opt, checkpointing="full", micro_batch=1)
                 if not _shardings(cfg, gpu, gpus, offload, least):
+                    say(f"{m}, {opt}: even full checkpointing with micro-batches of 1 does not fit; skipped")
                     continue                   # not even its least-memory plan fits: skip the branch
+                say(f"{m}, {opt}: its least-memory plan fits; looking for a cheaper one")
                 fitted_micro = 0               # the largest micro-batch that fitted with weaker checkpointing
                 for ckpt in ("none", "selective", "full"):
                     for micro in _divisors_desc(batch):
@@ -114,6 +125,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
                         mb = None if micro == batch else micro
                         hits = _shardings(cfg, gpu, gpus, offload, dict(base, method=m, optimizer=opt,
                                                                         checkpointing=ckpt, micro_batch=mb))
+                        say(f"{m}, {opt}, checkpointing {ckpt}, micro-batch {micro}: "
+                            f"{'fits' if hits else 'does not fit'}")
                         for r in hits:
                             keep(r)
                         if hits:
@@ -231,7 +244,8 @@ def main(argv=None) -> int:
                   f"here; --no-search skips this)...", flush=True)
             plans = fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
                                precision=args.precision, gpus=sorted({1, args.gpus}), attention=args.attention,
-                               lora_r=args.lora_r, headroom=args.headroom)
+                               lora_r=args.lora_r, headroom=args.headroom,
+                               progress=lambda line: print("  " + line, flush=True))
             print("cheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
             print(format_plans(plans))
     except (ValueError, TypeError) as e:
