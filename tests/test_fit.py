@@ -33,6 +33,7 @@ def _real(cfg_dict, plan):
 
 @pytest.mark.parametrize("kw", [dict(), dict(method="lora"), dict(checkpointing="full"),
                                 dict(method="qlora", checkpointing="full"),
+                                dict(method="qlora", checkpointing="full", qlora_rest="16bit"),
                                 dict(precision="mixed", checkpointing="selective"), dict(optimizer="adamw8bit"),
                                 dict(batch=2, micro_batch=1), dict(mode="inference")])
 def test_real_cpu_tensors_match_fit_to_the_byte(kw):
@@ -357,3 +358,16 @@ def test_a_plan_with_little_to_spare_is_called_borderline():
     assert result(usable - 41 * 2**20).verdict == "fits (borderline)"             # lesson 08's LoRA on a T4
     assert result(usable - int(BORDERLINE * cap) - 1).verdict == "fits"
     assert result(usable + 1).verdict == "does not fit" and not result(usable + 1).borderline
+
+
+def test_qlora_rest_in_16_bits_halves_the_embeddings_and_head():
+    """QLoRA's non-quantized parts: fp32 as peft leaves them, or the plan's 16-bit dtype as the QLoRA authors cast
+    them. On the tiny Llama (untied embeddings and head, V x C each) the parameters after the step differ by
+    2 bytes x 2 x V x C; the norms' 4-byte and 2-byte rows both round up to 512 bytes on the virtual GPU."""
+    fp32 = memlab.fit(TINY, 1, seq=64, method="qlora", checkpointing="full")
+    half = memlab.fit(TINY, 1, seq=64, method="qlora", checkpointing="full", qlora_rest="16bit")
+    V, C = TINY["vocab_size"], TINY["hidden_size"]
+    assert fp32.model_states["parameters"] - half.model_states["parameters"] == 2 * 2 * V * C
+    assert "non-quantized parts 16bit" in str(half) and half.plan["qlora_rest"] == "16bit"
+    with pytest.raises(ValueError, match="qlora_rest"):
+        memlab.fit(TINY, 1, seq=64, method="qlora", qlora_rest="int8")

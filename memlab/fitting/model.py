@@ -233,11 +233,11 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     return model, info
 
 
-def materialise(model, method: str, dtype: torch.dtype, checkpointing: str):
+def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest: torch.dtype = torch.float32):
     """Give a `skeleton` storage on the current default device (fake inside VirtualGPU.run): trainable
-    parameters in `dtype` (full) or fp32 adapters, frozen ones in `dtype` (fp32 outside the 4-bit layers
-    for qlora); checkpointing "full" (every decoder layer) or "selective" (`selective_policy`)."""
-    other = torch.float32 if method == "qlora" else dtype
+    parameters in `dtype` (full) or fp32 adapters, frozen ones in `dtype` (`rest` outside the 4-bit layers
+    for qlora: fp32 by default); checkpointing "full" (every decoder layer) or "selective" (`selective_policy`)."""
+    other = rest if method == "qlora" else dtype
 
     def dtype_of(mname, p):
         adapter = ".lora_" in f".{mname}"
@@ -287,7 +287,8 @@ def _fit_step(model, info: dict, plan) -> dict:
     dtype = precision_dtype(plan.precision)
     info = dict(info)
     with phase("load"):
-        model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none")
+        rest = torch.float32 if getattr(plan, "qlora_rest", "fp32") == "fp32" else dtype
+        model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none", rest)
         info.update(_sizes(model))
     autocast = cuda_autocast(torch.bfloat16) if plan.precision == "amp" else None
     V = model.config.vocab_size
