@@ -34,6 +34,7 @@ def _real(cfg_dict, plan):
 @pytest.mark.parametrize("kw", [dict(), dict(method="lora"), dict(checkpointing="full"),
                                 dict(method="qlora", checkpointing="full"),
                                 dict(method="qlora", checkpointing="full", qlora_rest="16bit"),
+                                dict(loss="chunked"), dict(method="lora", loss="chunked", checkpointing="full"),
                                 dict(precision="mixed", checkpointing="selective"), dict(optimizer="adamw8bit"),
                                 dict(batch=2, micro_batch=1), dict(mode="inference")])
 def test_real_cpu_tensors_match_fit_to_the_byte(kw):
@@ -371,3 +372,26 @@ def test_qlora_rest_in_16_bits_halves_the_embeddings_and_head():
     assert "non-quantized parts 16bit" in str(half) and half.plan["qlora_rest"] == "16bit"
     with pytest.raises(ValueError, match="qlora_rest"):
         memlab.fit(TINY, 1, seq=64, method="qlora", qlora_rest="int8")
+
+
+def test_chunked_loss_is_the_models_loss_and_keeps_no_whole_logits():
+    """The chunked cross-entropy gives HF's own loss and gradients (the reference: model(labels=x).loss), and on a
+    model whose logits dominate (a large vocabulary, a short, narrow stack) fit's peak falls with it."""
+    from memlab.fitting.model import build_causal_lm, chunked_causal_lm_loss
+    cfg = load_config(TINY)
+    torch.manual_seed(0)
+    model = build_causal_lm(cfg, "sdpa").float()
+    x = torch.randint(0, cfg.vocab_size, (2, 40))
+    want = model(input_ids=x, labels=x).loss
+    want.backward()
+    g_want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    got = chunked_causal_lm_loss(model, x, chunks=3)
+    got.backward()
+    assert torch.allclose(got, want, rtol=1e-5), (got.item(), want.item())
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip((p.grad for p in model.parameters()), g_want))
+    wide_vocab = dict(TINY, vocab_size=8192)
+    full = memlab.fit(wide_vocab, 1, seq=256, batch=2)
+    chunked = memlab.fit(wide_vocab, 1, seq=256, batch=2, loss="chunked")
+    assert chunked.peak < full.peak, (chunked.peak, full.peak)
+    assert "chunked loss" in str(chunked)

@@ -308,7 +308,10 @@ def _fit_step(model, info: dict, plan) -> dict:
     for i in range(min(2, plan.steps_per_batch)):
         x = torch.randint(0, V, (plan.micro, plan.seq))
         with phase("forward"), (autocast or _null()):
-            loss = model(input_ids=x, labels=x).loss
+            if getattr(plan, "loss", "full") == "chunked":
+                loss = chunked_causal_lm_loss(model, x)
+            else:
+                loss = model(input_ids=x, labels=x).loss
         with phase("backward"):
             loss.backward()
         del loss, x
@@ -320,6 +323,24 @@ def _fit_step(model, info: dict, plan) -> dict:
                           if k in ("parameters", "gradients", "optimizer")} if trk else {}
         opt.zero_grad(set_to_none=True)
     return info
+
+
+LOSS_CHUNKS = 8      # torchtune's CEWithChunkedOutputLoss default (num_output_chunks)
+
+
+def chunked_causal_lm_loss(model, x, chunks: int = LOSS_CHUNKS):
+    """Next-token cross-entropy of a causal LM with the output head applied chunk by chunk along the sequence, each
+    chunk's logits upcast to fp32 on their own (torchtune's CEWithChunkedOutputLoss): no (B, T, V) logits tensor,
+    fp32 or 16-bit, is ever whole. The mean over the B x (T - 1) predicted tokens, as HF's loss with labels=x."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    h = base.get_decoder()(input_ids=x).last_hidden_state[:, :-1]      # (B, T-1, C): positions that predict
+    y = x[:, 1:]                                                        # (B, T-1): the next tokens
+    head = base.get_output_embeddings()
+    total = 0
+    for hc, yc in zip(h.chunk(chunks, dim=1), y.chunk(chunks, dim=1)):
+        logits = head(hc).float()                                       # (B, T/chunks, V) fp32: one chunk only
+        total = total + torch.nn.functional.cross_entropy(logits.flatten(0, 1), yc.flatten(), reduction="sum")
+    return total / y.numel()
 
 
 @contextlib.contextmanager

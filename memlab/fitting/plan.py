@@ -40,7 +40,7 @@ __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
 GiB = 2**30
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "fp16", "mixed"),
-           "qlora_rest": ("fp32", "16bit"),
+           "qlora_rest": ("fp32", "16bit"), "loss": ("full", "chunked"),
            "optimizer": ("adamw", "adamw8bit", "sgd"), "checkpointing": ("none", "full", "selective"),
            "zero": (0, 1, 2, 3), "mode": ("train", "inference"), "attention": ("sdpa", "eager")}
 _ALIASES = {"gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "llama2-7b": "llama-2-7b"}
@@ -100,6 +100,7 @@ class Plan:
     attention: str = "sdpa"
     lora_r: int = 16
     qlora_rest: str = "fp32"
+    loss: str = "full"
 
     def check(self) -> "Plan":
         for name in ("batch", "seq", "gpus", "lora_r"):
@@ -181,7 +182,8 @@ class FitResult:
                  f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}"
                  f"{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
                  f"{', optimizer offloaded to CPU' if p['offload'] else ''}"
-                 f"{', non-quantized parts ' + p.get('qlora_rest', 'fp32') if p['method'] == 'qlora' else ''}; "
+                 f"{', non-quantized parts ' + p.get('qlora_rest', 'fp32') if p['method'] == 'qlora' else ''}"
+                 f"{', chunked loss' if p.get('loss') == 'chunked' else ''}; "
                  f"{self.n_params / 1e9:.2f}B parameters, {self.trainable / 1e6:.1f}M trainable",
                  f"  {'category':<12} {'at peak':>11}     {'phase':<9} {'peak':>11}"]
         phases = list(self.by_phase.items())
@@ -226,7 +228,7 @@ def auto_precision(gpu) -> str:
 def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "auto",
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
-        qlora_rest: str = "fp32", headroom: float = HEADROOM) -> FitResult:
+        qlora_rest: str = "fp32", loss: str = "full", headroom: float = HEADROOM) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -250,13 +252,16 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     qlora_rest  method="qlora" only: the dtype of what is not quantized (embeddings, norms, head): "fp32", as
                 peft.prepare_model_for_kbit_training leaves it, or "16bit", the plan's 16-bit dtype, as the
                 QLoRA authors' script casts it (ignored for other methods)
+    loss        "full": the model's own loss (HF: the whole (B, T, V) logits, upcast to fp32 for the
+                cross-entropy) | "chunked": the head and the fp32 upcast one eighth of the sequence at a time,
+                as torchtune's CEWithChunkedOutputLoss (`memlab.fitting.model.chunked_causal_lm_loss`)
     headroom    the share of capacity kept free for what the virtual GPU does not see (the CUDA context,
                 cuBLAS workspaces, fragmentation): fits = peak <= capacity * (1 - headroom)
     """
     t0 = time.perf_counter()
     precision = auto_precision(gpu) if precision == "auto" else precision
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
-                attention, lora_r, qlora_rest).check()
+                attention, lora_r, qlora_rest, loss).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
     gpu_name, capacity = _gpu(gpu)
     cfg = load_config(model)
