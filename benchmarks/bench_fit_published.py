@@ -32,10 +32,9 @@ ROWS = [
      "in backward, activation checkpointing, fused linear cross-entropy",
      18.9,
      dict(model="llama-3.1-8b", gpu=24.0, method="full", precision="bf16", optimizer="adamw8bit", loss="chunked",
-          checkpointing="full", batch=2, seq=2048),
-     "NOT expressible yet: the optimizer step in backward (each gradient freed as soon as it is applied: no "
-     "whole set of 2 x 8B gradient bytes) and paged state (evicted to the host under pressure); fit keeps all "
-     "gradients and the 8-bit state on the GPU"),
+          checkpointing="full", batch=2, seq=2048, step_in_backward=True, paged=True),
+     "torchtune's loss is a fused linear cross-entropy (fit: the chunked one); paged state counted wholly off the "
+     "card (bitsandbytes pages tensors of >= 1e5 values: the norms' small state stays)"),
 ]
 
 

@@ -35,6 +35,8 @@ def _real(cfg_dict, plan):
                                 dict(method="qlora", checkpointing="full"),
                                 dict(method="qlora", checkpointing="full", qlora_rest="16bit"),
                                 dict(loss="chunked"), dict(method="lora", loss="chunked", checkpointing="full"),
+                                dict(step_in_backward=True), dict(method="lora", step_in_backward=True),
+                                dict(step_in_backward=True, optimizer="adamw8bit", loss="chunked"),
                                 dict(precision="mixed", checkpointing="selective"), dict(optimizer="adamw8bit"),
                                 dict(batch=2, micro_batch=1), dict(mode="inference")])
 def test_real_cpu_tensors_match_fit_to_the_byte(kw):
@@ -395,3 +397,26 @@ def test_chunked_loss_is_the_models_loss_and_keeps_no_whole_logits():
     chunked = memlab.fit(wide_vocab, 1, seq=256, batch=2, loss="chunked")
     assert chunked.peak < full.peak, (chunked.peak, full.peak)
     assert "chunked loss" in str(chunked)
+
+
+def test_step_in_backward_frees_each_gradient_and_paged_state_leaves_the_card():
+    """Options of torchtune's single-device full fine-tune: the optimizer step in the backward pass never holds all
+    gradients (no step phase, no gradients at the peak), and a paged optimizer's state is not counted against the
+    card but crosses PCIe (twice, at worst) every step."""
+    # 8 tokens: the model states, not the activations, set the peak (the step phase, where every gradient is alive)
+    plain = memlab.fit(MID, 1, seq=8, batch=1)
+    inbwd = memlab.fit(MID, 1, seq=8, batch=1, step_in_backward=True)
+    assert plain.peak_phase == "step" and "step" not in inbwd.by_phase
+    assert inbwd.by_category["gradients"] < plain.model_states["gradients"]
+    assert inbwd.peak < plain.peak, (inbwd.peak, plain.peak)
+    assert "optimizer step in backward" in str(inbwd)
+    paged = memlab.fit(MID, 1, seq=8, batch=1, step_in_backward=True, paged=True)
+    state = inbwd.by_category["optimizer"]
+    assert state > 0 and paged.by_category["optimizer"] == 0
+    assert paged.peak <= inbwd.peak - state and paged.cost["offload_bytes"] >= 2 * state
+    for bad, word in ((dict(step_in_backward=True, micro_batch=1), "step_in_backward"),
+                      (dict(paged=True, optimizer="sgd"), "paged")):
+        with pytest.raises(ValueError, match=word):
+            memlab.fit(MID, 1, seq=64, batch=2, **bad)
+    with pytest.raises(TypeError, match="step_in_backward"):
+        memlab.fit(MID, 1, seq=64, batch=2, step_in_backward="yes")

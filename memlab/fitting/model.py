@@ -302,6 +302,8 @@ def _fit_step(model, info: dict, plan) -> dict:
         del out
         return info
     trainable = [p for p in model.parameters() if p.requires_grad]
+    if getattr(plan, "step_in_backward", False):
+        return _step_in_backward(model, trainable, info, plan, autocast)
     with phase("load"):
         opt = make_optimizer(trainable, plan.optimizer, plan.precision)
         watch(model, getattr(opt, "inner", opt))
@@ -322,6 +324,36 @@ def _fit_step(model, info: dict, plan) -> dict:
         info["states"] = {k: v for k, v in trk[-1].breakdown().items()
                           if k in ("parameters", "gradients", "optimizer")} if trk else {}
         opt.zero_grad(set_to_none=True)
+    return info
+
+
+def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
+    """The optimizer step in the backward pass (torchtune's optimizer_in_bwd, lesson 04): one optimizer per
+    parameter, stepped by a post-accumulate-grad hook as soon as that parameter's gradient is complete, which
+    is then freed; there is no "step" phase and never a whole set of gradients. Two steps run, so that the
+    optimizer state created in the first is alive through the second's forward and backward."""
+    with phase("load"):
+        opts = {p: make_optimizer([p], plan.optimizer, plan.precision) for p in trainable}
+        watch(model, [getattr(o, "inner", o) for o in opts.values()])
+
+    def step_now(p):
+        opts[p].step()
+        opts[p].zero_grad(set_to_none=True)
+    hooks = [p.register_post_accumulate_grad_hook(step_now) for p in trainable]
+    V = model.config.vocab_size
+    for _ in range(2):
+        x = torch.randint(0, V, (plan.micro, plan.seq))
+        with phase("forward"), (autocast or _null()):
+            loss = chunked_causal_lm_loss(model, x) if getattr(plan, "loss", "full") == "chunked" else \
+                model(input_ids=x, labels=x).loss
+        with phase("backward"):
+            loss.backward()
+        del loss, x
+    for h in hooks:
+        h.remove()
+    trk = active_trackers()
+    info["states"] = {k: v for k, v in trk[-1].breakdown().items()
+                      if k in ("parameters", "gradients", "optimizer")} if trk else {}
     return info
 
 

@@ -101,6 +101,8 @@ class Plan:
     lora_r: int = 16
     qlora_rest: str = "fp32"
     loss: str = "full"
+    step_in_backward: bool = False
+    paged: bool = False
 
     def check(self) -> "Plan":
         for name in ("batch", "seq", "gpus", "lora_r"):
@@ -112,6 +114,14 @@ class Plan:
             raise ValueError(f"micro_batch must be None or a positive int that divides batch ({self.batch}), "
                              f"got {mb!r}")
         flag("offload", self.offload)
+        flag("step_in_backward", self.step_in_backward)
+        flag("paged", self.paged)
+        if self.paged and (self.optimizer == "sgd" or self.offload):
+            raise ValueError("paged=True pages the optimizer's state: it needs optimizer 'adamw' or 'adamw8bit' "
+                             "and no offload (which already keeps the state on the host)")
+        if self.step_in_backward and (self.steps_per_batch > 1 or self.zero or self.offload or self.mode != "train"):
+            raise ValueError("step_in_backward=True needs one micro-batch per step (no gradient accumulation), "
+                             "zero=0, no offload and mode='train': each gradient is applied and freed at once")
         if self.offload and self.zero < 1:
             raise ValueError("offload=True needs zero >= 1: optimizer offload (ZeRO-Offload) is a ZeRO option")
         if self.mode == "inference" and (self.zero or self.offload or self.micro_batch not in (None, self.batch)):
@@ -183,7 +193,9 @@ class FitResult:
                  f"{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
                  f"{', optimizer offloaded to CPU' if p['offload'] else ''}"
                  f"{', non-quantized parts ' + p.get('qlora_rest', 'fp32') if p['method'] == 'qlora' else ''}"
-                 f"{', chunked loss' if p.get('loss') == 'chunked' else ''}; "
+                 f"{', chunked loss' if p.get('loss') == 'chunked' else ''}"
+                 f"{', optimizer step in backward' if p.get('step_in_backward') else ''}"
+                 f"{', paged optimizer state' if p.get('paged') else ''}; "
                  f"{self.n_params / 1e9:.2f}B parameters, {self.trainable / 1e6:.1f}M trainable",
                  f"  {'category':<12} {'at peak':>11}     {'phase':<9} {'peak':>11}"]
         phases = list(self.by_phase.items())
@@ -228,7 +240,8 @@ def auto_precision(gpu) -> str:
 def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "auto",
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
-        qlora_rest: str = "fp32", loss: str = "full", headroom: float = HEADROOM) -> FitResult:
+        qlora_rest: str = "fp32", loss: str = "full", step_in_backward: bool = False, paged: bool = False,
+        headroom: float = HEADROOM) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -255,13 +268,20 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     loss        "full": the model's own loss (HF: the whole (B, T, V) logits, upcast to fp32 for the
                 cross-entropy) | "chunked": the head and the fp32 upcast one eighth of the sequence at a time,
                 as torchtune's CEWithChunkedOutputLoss (`memlab.fitting.model.chunked_causal_lm_loss`)
+    step_in_backward  each parameter's optimizer step runs in the backward pass as soon as its gradient is
+                complete, and the gradient is freed (torchtune's optimizer_in_bwd; lesson 04): no accumulation
+    paged       bitsandbytes' paged optimizers (PagedAdamW, PagedAdamW8bit): the state, measured as usual, lives
+                in CUDA unified memory, which the driver evicts to the host when the card is full (lesson 07,
+                section 10), so it is not counted against the card; the cost counts it crossing PCIe twice per
+                step, the worst case. bitsandbytes pages only tensors of >= 1e5 values; here all the state is
+                counted as paged (norm and bias state is small)
     headroom    the share of capacity kept free for what the virtual GPU does not see (the CUDA context,
                 cuBLAS workspaces, fragmentation): fits = peak <= capacity * (1 - headroom)
     """
     t0 = time.perf_counter()
     precision = auto_precision(gpu) if precision == "auto" else precision
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
-                attention, lora_r, qlora_rest, loss).check()
+                attention, lora_r, qlora_rest, loss, step_in_backward, paged).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
     gpu_name, capacity = _gpu(gpu)
     cfg = load_config(model)
@@ -273,6 +293,12 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     info = m["info"]
     phases = shard_phases(m["phases"], info, plan)
     phases.pop("idle", None)          # before "load" and after the step: below the peak of those phases
+    paged = 0
+    if plan.paged:   # the measured optimizer state lives in unified memory: the driver evicts it under pressure
+        paged = max(d.get("optimizer", 0) for d in phases.values())
+        for d in phases.values():
+            d["total"] -= d.get("optimizer", 0)
+            d["optimizer"] = 0
     top = max(phases, key=lambda ph: phases[ph]["total"])
     peak = phases[top]["total"]
     usable = usable_bytes(capacity, headroom)
@@ -280,10 +306,13 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     if "states" in info:   # model states per rank just after the step: no bucket, nothing gathered
         after = shard_phases({"after": {**info["states"], "activations": 0, "temporaries": 0}}, info, plan)
         states = {k: after["after"][k] for k in ("parameters", "gradients", "optimizer")}
+    cost = plan_cost(cfg, plan, info)
+    if paged:        # at worst the whole state comes in for the update and goes out again, every step
+        cost["offload_bytes"] = cost.get("offload_bytes", 0) + 2 * paged
     name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
     return FitResult(peak=peak, capacity=capacity, usable=usable, fits=peak <= usable,
                      by_category={c: phases[top][c] for c in CATEGORIES},
                      by_phase={ph: d["total"] for ph, d in phases.items()}, plan=asdict(plan),
-                     cost=plan_cost(cfg, plan, info), seconds=time.perf_counter() - t0, model=str(name),
+                     cost=cost, seconds=time.perf_counter() - t0, model=str(name),
                      gpu=gpu_name, peak_phase=top, model_states=states, n_params=int(info["n_params"]),
                      trainable=int(info["trainable"]))

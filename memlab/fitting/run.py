@@ -26,7 +26,7 @@ def _run_key(plan):
     """The options that change what runs (ZeRO, gpus and offload are computed on top of a run)."""
     micro = plan.micro if plan.mode == "train" else plan.batch
     return replace(plan, batch=micro * min(2, plan.steps_per_batch), micro_batch=micro, zero=0, gpus=1,
-                   offload=False, checkpointing=plan.checkpointing if plan.mode == "train" else "none")
+                   offload=False, paged=False, checkpointing=plan.checkpointing if plan.mode == "train" else "none")
 
 
 def _extend(a: dict, b: dict, layers: int) -> dict:

@@ -217,6 +217,12 @@ def main(argv=None) -> int:
                     help="full: the model's own loss over the whole (batch, seq, vocab) logits in fp32; chunked: the "
                          "output head and its fp32 upcast one eighth of the sequence at a time, as torchtune's "
                          "CEWithChunkedOutputLoss (default full)")
+    ap.add_argument("--step-in-backward", action="store_true",
+                    help="apply each parameter's optimizer step in the backward pass and free its gradient at once "
+                         "(torchtune's optimizer_in_bwd; no gradient accumulation, no ZeRO)")
+    ap.add_argument("--paged", action="store_true",
+                    help="bitsandbytes' paged optimizer state (PagedAdamW, PagedAdamW8bit): evicted to the host when "
+                         "the card is full, so not counted against it; its PCIe traffic is counted in the cost")
     ap.add_argument("--qlora-rest", choices=CHOICES["qlora_rest"], default="fp32",
                     help="with --method qlora: the dtype of the parts not quantized (embeddings, norms, head): fp32 "
                          "as peft's prepare_model_for_kbit_training leaves them, or 16bit as the QLoRA authors' "
@@ -245,7 +251,8 @@ def main(argv=None) -> int:
         r = fit(args.model, gpu, batch=args.batch, seq=args.seq, method=args.method, precision=args.precision,
                 optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
                 mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
-                lora_r=args.lora_r, qlora_rest=args.qlora_rest, loss=args.loss, headroom=args.headroom)
+                lora_r=args.lora_r, qlora_rest=args.qlora_rest, loss=args.loss,
+                step_in_backward=args.step_in_backward, paged=args.paged, headroom=args.headroom)
         print(r, flush=True)
         if args.search or (not r.fits and not args.no_search):
             print(f"\nsearching the cheapest combinations that fit (each new step takes about {r.seconds:.0f} s "
