@@ -56,3 +56,15 @@ def test_estimate_cases_pair_adam_state_with_both_phases():
         for k in [("no state in the step", True), ("no state in the step", False),
                   ("state in forward + backward", True), ("no state in forward + backward", False)]:
             assert worst.get(k, 0) >= 0.15, (k, cases)
+
+
+def test_every_run_has_a_case_whose_peak_is_late_in_the_backward_pass():
+    """Late in the backward pass every gradient but the first Linear's exists: in every run one case makes that the
+    peak, so an estimate that only counts the start of the backward pass is off by far more than the tolerance."""
+    from autograder.checks.common import rng
+    from autograder.checks.ex01.refs import measure_mlp_peak
+    for _ in range(5):
+        c = ex01.TASKS["task1_5_estimate_peak"].cases(True, rng(True))[0]   # the late-backward case comes first
+        assert c[5] == "sgd" and c[6] and c[0] < c[2], c          # SGD's first step, batch narrower than width
+        fb, step, _ = _phases(*c)
+        assert max(fb, step) <= 0.92 * measure_mlp_peak(*c), c

@@ -193,6 +193,11 @@ _ESTIMATE_NO_STATE_AT_FIRST_STEP = edit(edit(
     "return max(forward_backward, P + P + O + X + scratch)",
     "return max(forward_backward, P + P + (0 if first_step else O) + X + scratch)")
 
+# no moment late in the backward pass when nearly every gradient already exists: wrong when a narrow batch on a
+# wide, deep MLP makes that the peak
+_ESTIMATE_NO_LATE_BACKWARD = edit(_ESTIMATE_STATE_AT_FIRST_STEP, "forward_backward = P + O + X + A",
+                                  "forward_backward = P + (0 if first_step else O) + X + A")
+
 WRONG = {
     "views_counted": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_VIEWS},
                       "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
@@ -230,6 +235,9 @@ WRONG = {
     "estimate_no_state_at_first_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_NO_STATE_AT_FIRST_STEP},
                                         "must_lose": ["task1_5_estimate_peak_hidden"],
                                         "must_keep": ["task1_5_estimate_peak_visible"]},
+    "estimate_no_late_backward": {"replace": {"task1_5_estimate_peak": _ESTIMATE_NO_LATE_BACKWARD},
+                                  "must_lose": ["task1_5_estimate_peak_hidden"],
+                                  "must_keep": ["task1_5_estimate_peak_visible"]},
     "estimate_state_at_first_step": {"replace": {"task1_5_estimate_peak": _ESTIMATE_STATE_AT_FIRST_STEP},
                                      "must_lose": ["task1_5_estimate_peak_hidden"],
                                      "must_keep": ["task1_5_estimate_peak_visible"]},
