@@ -177,15 +177,15 @@ def memlab_files(*names: str) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def no_calls_into(task: str, files: tuple[str, ...], what: str):
-    """While the learner's code runs, record every Python call into `files` (path endings); afterwards raise
-    if there was one. For tasks whose answer a lesson's helper in memlab already computes."""
+def no_calls(task: str, forbidden, message: str):
+    """While the learner's code runs, record every Python call for which forbidden(filename, function name) is
+    true; afterwards raise AssertionError(f"{task} called [...]: {message}") if there was one."""
     hits: list[str] = []
     previous = sys.getprofile()
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.endswith(files):
-            hits.append(frame.f_code.co_name)
+        if event == "call" and forbidden(frame.f_code.co_filename, frame.f_code.co_name):
+            hits.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
 
     sys.setprofile(profile)
     try:
@@ -193,8 +193,13 @@ def no_calls_into(task: str, files: tuple[str, ...], what: str):
     finally:
         sys.setprofile(previous)
     if hits:
-        raise AssertionError(f"{task} called {what} ({', '.join(sorted(set(hits)))}): the lesson's helpers are "
-                             f"off limits in this task; write the computation yourself")
+        raise AssertionError(f"{task} called {sorted(set(hits))[:3]}: {message}")
+
+
+def no_calls_into(task: str, files: tuple[str, ...], what: str):
+    """`no_calls` for path endings `files`: for tasks whose answer a lesson's helper in memlab already computes."""
+    return no_calls(task, lambda filename, name: filename.endswith(files),
+                    f"{what}: the lesson's helpers are off limits in this task; write the computation yourself")
 
 
 def expect_int(name: str, value) -> int:

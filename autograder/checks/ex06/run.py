@@ -3,11 +3,11 @@ harness and per-rank driver), the estimator called on plain lists, and the calls
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 
 from memlab.kit.ex06 import RanksFailed, rank_fn, run_ranks
+
+from ..common import no_calls
 
 
 # ----------------------------------------------------------------------------- what the learner may not call
@@ -22,24 +22,9 @@ def _forbidden(filename: str, name: str) -> bool:
             or (f.endswith("/memlab/core/estimate.py") and name == "zero_model_state_bytes"))
 
 
-@contextlib.contextmanager
 def no_shortcuts(task: str):
-    """While the learner's code runs, record calls into the off-limits libraries; raise afterwards."""
-    hits: list[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and _forbidden(frame.f_code.co_filename, frame.f_code.co_name):
-            hits.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-    if hits:
-        raise AssertionError(f"{task} called {sorted(set(hits))[:3]}: {OFF_LIMITS} are off limits here; "
-                             f"write the sharding yourself")
+    """While the learner's code runs, no call into the off-limits libraries (common.no_calls)."""
+    return no_calls(task, _forbidden, f"{OFF_LIMITS} are off limits here; write the sharding yourself")
 
 
 # ----------------------------------------------------------------------------- tasks 6.1 and 6.2

@@ -5,14 +5,14 @@ data; nothing here decides."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 
 import torch
 
 from memlab.dist.comm import CommCounter
 from memlab.kit.ex09 import linear_weights, mlp_data, mlp_weights, run_ranks
+
+from ..common import no_calls
 
 # ----------------------------------------------------------------------------- what the learner may not call
 OFF_LIMITS = {"shard": "torch.distributed.tensor (DTensor, parallelize_module) and memlab.parallel",
@@ -28,24 +28,10 @@ def _forbidden(filename: str, kind: str) -> bool:
     return "/torch/distributed/pipelining/" in f
 
 
-@contextlib.contextmanager
 def no_shortcuts(task: str, kind: str):
-    """While the learner's code runs, record calls into the off-limits libraries; raise afterwards."""
-    hits: list[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame, event, arg):
-        if event == "call" and _forbidden(frame.f_code.co_filename, kind):
-            hits.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)
-    if hits:
-        raise AssertionError(f"{task} called {sorted(set(hits))[:3]}: {OFF_LIMITS[kind]} are off limits here; "
-                             f"write the sharding and the collectives yourself")
+    """While the learner's code runs, no call into the off-limits libraries of `kind` (common.no_calls)."""
+    return no_calls(task, lambda filename, name: _forbidden(filename, kind),
+                    f"{OFF_LIMITS[kind]} are off limits here; write the sharding and the collectives yourself")
 
 
 # ----------------------------------------------------------------------------- task 9.1
