@@ -20,13 +20,7 @@ from memlab.attention import (LLAMA_SHAPES, attention_bytes, attention_with_fall
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many tiny matmuls: with several threads on a busy machine each one waits for its slowest thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def _qkv(*shape_q, t_k=None, dtype=torch.float64, seed=0):

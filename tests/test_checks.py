@@ -39,14 +39,7 @@ SLOW_TASKS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Judge with one CPU thread, as the grader does: small models, and steadier when other jobs share the cores."""
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 def _tasks(assignment: str) -> dict:

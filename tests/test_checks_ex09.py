@@ -20,12 +20,7 @@ from memlab.kit import ex09 as kit09
 ASSIGNMENT = "09_parallelism"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- the layout is torch's
