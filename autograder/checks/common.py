@@ -126,9 +126,10 @@ def expect_type(name: str, value, kind: type):
     return value
 
 
-def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6, hint: str = "") -> None:
     """Nested lists of floats compared elementwise in float64, with a message naming the worst entry and what the
-    learner's result holds there - never the expected value (hidden cases must not leak the reference)."""
+    learner's result holds there - never the expected value (hidden cases must not leak the reference) - followed
+    by `hint` when the values differ."""
     g = torch.tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
     w = torch.tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
     if g.shape != w.shape:
@@ -139,7 +140,7 @@ def allclose(name: str, got, want, rtol: float = 1e-5, atol: float = 1e-6) -> No
         nan = int(torch.isnan(g).sum())
         raise AssertionError(f"{name} differs from the reference at flat index {i} (got {g.flatten()[i].item():.6g}; "
                              f"{int(bad.sum())} of {bad.numel()} entries off"
-                             + (f", {nan} of them NaN" if nan else "") + ")")
+                             + (f", {nan} of them NaN" if nan else "") + ")" + hint)
 
 
 def rng(hidden: bool, fixed_seed: int = 0) -> random.Random:

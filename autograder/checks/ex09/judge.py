@@ -92,34 +92,28 @@ def shard_judge(case, got):
     x, want, no_bias = linear_reference(case)
     if case["kind"] == "column":
         y = torch.cat([F.linear(x, w, b if case["bias"] else None) for w, b in zip(ws, bs or [None] * t)], -1)
-        try:
-            allclose(f"{_what(case)} the ranks' outputs concatenated in rank order", y, want, rtol=1e-5,
-                     atol=1e-5)
-        except AssertionError as e:
-            raise AssertionError(f"{e}. Rank r keeps output features r*out/t ... (r+1)*out/t - 1 (a contiguous "
-                                 f"block of weight's rows, in order) and the matching block of the bias, so that "
-                                 f"concatenating the ranks' outputs gives the full layer's") from None
+        allclose(f"{_what(case)} the ranks' outputs concatenated in rank order", y, want, rtol=1e-5,
+                 atol=1e-5,
+                 hint=". Rank r keeps output features r*out/t ... (r+1)*out/t - 1 (a contiguous "
+                      "block of weight's rows, in order) and the matching block of the bias, so that "
+                      "concatenating the ranks' outputs gives the full layer's")
         return
     partial = sum(F.linear(row_input(x, r, t), w) for r, w in enumerate(ws))
-    try:
-        allclose(f"{_what(case)} the sum of the ranks' partial outputs without bias", partial, no_bias,
-                 rtol=1e-5, atol=1e-5)
-    except AssertionError as e:
-        raise AssertionError(f"{e}. Rank r multiplies its block of input features (r*in/t ... (r+1)*in/t - 1, "
-                             f"what a column-parallel layer before it produced) by the matching contiguous "
-                             f"block of weight's columns") from None
+    allclose(f"{_what(case)} the sum of the ranks' partial outputs without bias", partial, no_bias,
+             rtol=1e-5, atol=1e-5,
+             hint=". Rank r multiplies its block of input features (r*in/t ... (r+1)*in/t - 1, "
+                  "what a column-parallel layer before it produced) by the matching contiguous "
+                  "block of weight's columns")
     with_bias = [b for b in bs if b is not None]
     if not case["bias"] and with_bias:
         raise AssertionError(f"{_what(case)}: the layer has no bias, yet {len(with_bias)} rank(s) return a bias "
                              f"part: return None")
     y = partial + (sum(with_bias) if with_bias else 0)
-    try:
-        allclose(f"{_what(case)} the all-reduced output (partial outputs plus bias parts, summed)", y, want,
-                 rtol=1e-5, atol=1e-5)
-    except AssertionError as e:
-        raise AssertionError(f"{e}. The all-reduce SUMS what every rank adds: {len(with_bias)} of {t} ranks "
-                             f"return a bias part, so the bias arrives {len(with_bias)} times. Keep the whole "
-                             f"bias on rank 0 only and return None on the others") from None
+    allclose(f"{_what(case)} the all-reduced output (partial outputs plus bias parts, summed)", y, want,
+             rtol=1e-5, atol=1e-5,
+             hint=f". The all-reduce SUMS what every rank adds: {len(with_bias)} of {t} ranks "
+                  f"return a bias part, so the bias arrives {len(with_bias)} times. Keep the whole "
+                  f"bias on rank 0 only and return None on the others")
 
 
 # ----------------------------------------------------------------------------- task 9.2
@@ -151,11 +145,9 @@ def _check_run(run, k, got):
         if g["shape"] != list(want_y.shape):
             raise AssertionError(f"{what}: tp_mlp_forward returned shape {tuple(g['shape'])}; every rank returns "
                                  f"the whole output, the shape of x")
-        try:
-            allclose(f"{what} the output", g["y"], want_y.reshape(-1), rtol=1e-4, atol=1e-5)
-        except AssertionError as e:
-            raise AssertionError(f"{e}. Compared with the unsharded nn.Sequential(Linear, GELU, Linear) on this "
-                                 f"group's data." + _collective_hint(run)) from None
+        allclose(f"{what} the output", g["y"], want_y.reshape(-1), rtol=1e-4, atol=1e-5,
+                 hint=". Compared with the unsharded nn.Sequential(Linear, GELU, Linear) on this "
+                      "group's data." + _collective_hint(run))
         if not g["requires_grad"] or "grads" not in g:
             raise AssertionError(f"{what}: the output does not require grad: keep the computation in autograd "
                                  f"(no torch.no_grad, no .detach() on the way to the result)")
@@ -168,17 +160,14 @@ def _check_run(run, k, got):
                                         "the others' copies untrained, and they drift apart)" if name == "b2" else
                                         "every shard must take part in the output through autograd"))
             want = torch_shard(want_grads[name], dim, rank % tp, tp)
-            try:
-                allclose(f"{what} the gradient of {name}", gr, want.reshape(-1), rtol=1e-4, atol=1e-5)
-            except AssertionError as e:
-                raise AssertionError(f"{e}, while the output is right. Every rank computes the same loss from its "
-                                     f"replicated output, so the backward of the all-reduce must be the IDENTITY "
-                                     f"(Megatron's g operator): dL/d(partial) = dL/dy. "
-                                     f"torch.distributed.nn.functional.all_reduce all-reduces the gradient too and "
-                                     f"hands every rank {tp} times it; write a torch.autograd.Function whose forward "
-                                     f"all-reduces a copy and whose backward returns the gradient unchanged") from None
-        # the ring bytes of each collective within the group of tp ranks (CommCounter's own `sent` takes the
-        # world's size for an eager collective on a subgroup)
+            allclose(f"{what} the gradient of {name}", gr, want.reshape(-1), rtol=1e-4, atol=1e-5,
+                     hint=f", while the output is right. Every rank computes the same loss from its "
+                          f"replicated output, so the backward of the all-reduce must be the IDENTITY "
+                          f"(Megatron's g operator): dL/d(partial) = dL/dy. "
+                          f"torch.distributed.nn.functional.all_reduce all-reduces the gradient too and "
+                          f"hands every rank {tp} times it; write a torch.autograd.Function whose forward "
+                          f"all-reduces a copy and whose backward returns the gradient unchanged")
+        # the ring bytes of each collective within the group of tp ranks, from its payload
         sent = sum(ring_bytes_sent(c, v["bytes"], tp) for c, v in g["comm"].items())
         if sent > allowed + SLACK:
             kinds = ", ".join(f"{c}: {v['calls']} call(s), {v['bytes']:,} bytes of payload"
