@@ -226,7 +226,7 @@ def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
 # ----------------------------------------------------------------------------- against a plain transformers step
 def _plain_step(cfg_dict, seq, method="full", checkpointing=False, warm=True):
     """An independent reference: the model built the ordinary way (from_config, real CPU tensors, transformers'
-    own sdpa path and masks, peft's LoRA), one bf16 AdamW step, counted by memlab's tracker. The step runs once
+    own sdpa path and masks, peft's LoRA), two bf16 AdamW steps, counted by memlab's tracker. The step runs once
     untracked first: some libraries make a small object on first use that then lives on (peft on GPT-2's Conv1D
     left 2,048 B in a cold process), which a training run pays once, not per step."""
     from transformers import AutoModelForCausalLM
@@ -247,15 +247,16 @@ def _plain_step(cfg_dict, seq, method="full", checkpointing=False, warm=True):
             model.train()
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
             memlab.watch(model, opt)
-        x = torch.randint(0, cfg.vocab_size, (1, seq))
-        with memlab.phase("forward"):
-            loss = model(input_ids=x, labels=x, use_cache=False).loss   # fit's (and Trainer recipes') choice
-        with memlab.phase("backward"):
-            loss.backward()
-        del loss, x
-        with memlab.phase("step"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        for _ in range(2):   # the second step's forward and backward run beside the optimizer's state
+            x = torch.randint(0, cfg.vocab_size, (1, seq))
+            with memlab.phase("forward"):
+                loss = model(input_ids=x, labels=x, use_cache=False).loss   # fit's (and Trainer recipes') choice
+            with memlab.phase("backward"):
+                loss.backward()
+            del loss, x
+            with memlab.phase("step"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     return trk
 
 

@@ -273,8 +273,9 @@ def _sizes(model) -> dict:
 
 
 def fit_step(model, info: dict, plan) -> dict:
-    """One training step (plan.mode="train": min(2, steps_per_batch) micro-batches of forward and
-    backward - the second one runs beside the accumulated gradients - then the optimizer step) or one
+    """One steady-state training step (plan.mode="train": the optimizer's state made first, as the first step
+    makes it, then min(2, steps_per_batch) micro-batches of forward and backward - the second one runs beside
+    the accumulated gradients - then the optimizer step) or one
     prefill (mode="inference": no_grad forward of (batch, seq) tokens with a KV cache, the logits of the
     last token only, as generate() computes them). Phases: "forward", "backward", "step". Returns the
     model's info plus "states": parameters/gradients/optimizer bytes just after the optimizer step.
@@ -307,6 +308,14 @@ def _fit_step(model, info: dict, plan) -> dict:
     with phase("load"):
         opt = make_optimizer(trainable, plan.optimizer, plan.precision)
         watch(model, getattr(opt, "inner", opt))
+    # every step after the first runs its forward and backward beside the optimizer's state, which the first
+    # step creates: one step on zero gradients makes it now, so the phases below are the steady state's
+    # (tests/test_fit.py checks this against two real steps)
+    with phase("step"):
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     for i in range(min(2, plan.steps_per_batch)):
         x = torch.randint(0, V, (plan.micro, plan.seq))
         with phase("forward"), (autocast or _null()):
