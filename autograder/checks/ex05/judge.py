@@ -82,11 +82,8 @@ def tiled_judge(case, got):
     out, lse = naive_attention(*[t.double() for t in qkv(case)], is_causal=case["causal"])
     shape = f"q {case['lead'] + [case['tq'], case['d']]}, k/v {case['lead'] + [case['tk'], case['d']]}"
     for name, g, w in (("out", got["out"], out), ("lse", got["lse"], lse)):
-        try:
-            allclose(name, g, w, rtol=1e-3, atol=1e-4)
-        except AssertionError as e:
-            raise AssertionError(f"{e} [{shape}, tile {case['tile']}, causal={case['causal']}]"
-                                 f"{_causal_hint(case)}") from None
+        allclose(name, g, w, rtol=1e-3, atol=1e-4,
+                 hint=f" [{shape}, tile {case['tile']}, causal={case['causal']}]{_causal_hint(case)}")
     _no_full_matrix(case, got["largest"], case["tile"])
 
 
@@ -103,12 +100,9 @@ def flash_judge(case, got):
         if gg is None:
             raise AssertionError(f"{name} is None: backward must return a gradient for q, k and v "
                                  f"(and None for is_causal)")
-        try:
-            allclose(name, gg, t.grad, rtol=2e-3, atol=2e-4)
-        except AssertionError as e:
-            raise AssertionError(f"{e} [causal={case['causal']}]. Recompute each tile's probabilities "
-                                 f"P = exp(S - lse) from the saved logsumexp; dS = P * (dP - D) with "
-                                 f"D = rowsum(dO * O).{_causal_hint(case)}") from None
+        allclose(name, gg, t.grad, rtol=2e-3, atol=2e-4,
+                 hint=f" [causal={case['causal']}]. Recompute each tile's probabilities P = exp(S - lse) from the "
+                      f"saved logsumexp; dS = P * (dP - D) with D = rowsum(dO * O).{_causal_hint(case)}")
     lead = case["lead"]
     allowed = [lead + [case["tq"], case["d"]], lead + [case["tk"], case["d"]], lead + [case["tq"]]]
     extra = [s for s in got["saved"] if s not in allowed]

@@ -110,14 +110,11 @@ def _check_dp_grads(case, got, ref_grads):
             if str(i) not in got[r]["grads"]:
                 raise AssertionError(f"after the step rank {r} has no gradient for parameter {i} {_what(case)}: "
                                      f"ZeRO-1 all-reduces the gradients and leaves them in .grad")
-            try:
-                allclose(f"rank {r}'s gradient of parameter {i} after the step", got[r]["grads"][str(i)],
-                         g.reshape(-1), rtol=1e-4, atol=1e-6)
-            except AssertionError as e:
-                hint = " A parameter listed twice is one tensor: reduce it once." if case["shared"] else ""
-                raise AssertionError(f"{e} {_what(case)}. Expected the average over the {case['world']} ranks: "
-                                     f"all-reduce the sum, then divide by the world size exactly once.{hint}") \
-                    from None
+            shared = " A parameter listed twice is one tensor: reduce it once." if case["shared"] else ""
+            allclose(f"rank {r}'s gradient of parameter {i} after the step", got[r]["grads"][str(i)],
+                     g.reshape(-1), rtol=1e-4, atol=1e-6,
+                     hint=f" {_what(case)}. Expected the average over the {case['world']} ranks: all-reduce the sum, "
+                          f"then divide by the world size exactly once.{shared}")
 
 
 def dp_judge(case, got):

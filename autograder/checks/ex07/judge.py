@@ -98,10 +98,7 @@ def nf4_judge(case, got):
 def _same(name, got, want, rtol, atol, what, hint=""):
     """common.allclose against the library's values, its message (which names the learner's value, never the
     library's) followed by which case it was and a hint."""
-    try:
-        allclose(name, got, want, rtol=rtol, atol=atol)
-    except AssertionError as e:
-        raise AssertionError(f"{e} {what}.{hint}") from None
+    allclose(name, got, want, rtol=rtol, atol=atol, hint=f" {what}.{hint}")
 
 
 # ----------------------------------------------------------------------------- task 7.2: double quantization
