@@ -72,6 +72,8 @@ class Outcome:
     stderr: Path
     channel: bytes = b""                # what the process wrote to the result channel (at most channel_bytes)
     channel_truncated: bool = False     # it wrote more, and the rest was read and dropped
+    memory_peak: int | None = None      # the most memory its processes held at once (its cgroup's record); None
+                                        # without a memory cgroup
 
 
 def tail(path: Path, n: int = 2000) -> str:
@@ -248,13 +250,26 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 timed_out = True
             spaces = _pid_namespaces_below(proc.pid) if self.bwrap else set()
+            peak = _memory_peak(cgs)
             _kill_all(proc, cgs)
             _wait_until_empty(spaces)
         got, cut = b"", False
         if drain:
             drain.join(timeout=5)     # every writer has ended; one that escaped the sandbox is not waited for
             got, cut = bytes(drain.data), drain.truncated or drain.is_alive()
-        return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut)
+        return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut,
+                       peak)
+
+
+def _memory_peak(cgroups: list[Path]) -> int | None:
+    """The memory cgroup's high-water mark of resident memory (v1 memory.max_usage_in_bytes, v2 memory.peak)."""
+    for cg in cgroups:
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            try:
+                return int((cg / name).read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return None
 
 
 def _pid_namespaces_below(pid: int) -> set[str]:

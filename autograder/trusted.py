@@ -185,6 +185,7 @@ class Graded:
     cell_errors: list[str] = field(default_factory=list)                   # errors raised by the learner's cells
     note: str | None = None                                                # the run as a whole (time-out ...)
     seconds: float = 0.0
+    memory_peak: int | None = None                                         # the sandbox cgroup's peak (bytes)
 
     @property
     def total(self) -> tuple[float, float]:
@@ -273,6 +274,7 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         argv = [sys.executable, "-m", "autograder.harness", str(job_dir)]
         out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True)
         graded.seconds = out.seconds
+        graded.memory_peak = out.memory_peak
         results, cell_errors, dropped = read_channel(out.channel)
         graded.cell_errors = [f"{e.get('where')}: {e.get('error')}"[:MAX_REASON_CHARS] for e in cell_errors][:20]
         notes = []
@@ -327,7 +329,7 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
     judging process runs out of time or memory, or dies, every test cell of this learner scores 0 with a note."""
     recv, send = _JUDGES.Pipe(duplex=False)
     proc = _JUDGES.Process(target=_judge_child, args=(send, module, plan, points, results, graded.note,
-                                                      budget.memory_bytes), daemon=True)
+                                                      budget.memory_bytes, graded.memory_peak), daemon=True)
     proc.start()
     send.close()
     got, late = None, False
@@ -343,8 +345,9 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
         if proc.is_alive():
             proc.kill()
         proc.join()
-    if isinstance(got, tuple) and len(got) == 2:
-        graded.scores, graded.reasons = got
+    if isinstance(got, tuple) and len(got) == 3:
+        graded.scores, graded.reasons, flags = got
+        graded.flags = sorted(set(graded.flags) | set(flags))
         return
     why = (f"judging your results took longer than {budget.seconds:g} s" if late else
            f"judging your results failed (exit code {proc.exitcode}: out of memory, or a crash)")
@@ -354,17 +357,27 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
 
 
 def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, note: str | None,
-                 memory_bytes: int) -> None:
+                 memory_bytes: int, memory_peak: int | None = None) -> None:
     """In the judging process: judge every case with one CPU thread, as the learner's code ran (float reductions
     then add up in the same order on both sides, so an optimizer that divides by tiny gradients cannot amplify
-    a summation-order difference)."""
+    a summation-order difference). Then the check module's `corroborate`, if it has one, sets what the sandbox saw
+    from outside (its memory peak) beside what the learner's process reported, and names what disagrees."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     import torch
     torch.set_num_threads(1)
-    tasks = importlib.import_module(module).TASKS
+    checks = importlib.import_module(module)
+    tasks = checks.TASKS
     graded = Graded(note=note)
     _judge_cases({gid: (tasks[tid], cases) for gid, (tid, cases) in plan.items()}, points, results, graded)
-    conn.send((graded.scores, graded.reasons))
+    flags = []
+    if memory_peak is not None and hasattr(checks, "corroborate"):
+        runs = [(tid, case, results.get(f"{gid}/{i}", {}).get("value")) for gid, (tid, cases) in plan.items()
+                for i, case in enumerate(cases)]
+        try:
+            flags = [str(f)[:MAX_REASON_CHARS] for f in checks.corroborate(runs, memory_peak)]
+        except Exception as e:      # a result too malformed to read was judged already; say so, do not stop
+            flags = [f"corroboration could not read the results ({type(e).__name__})"]
+    conn.send((graded.scores, graded.reasons, flags))
     conn.close()
 
 

@@ -152,6 +152,48 @@ def test_nothing_the_learner_started_is_alive_when_run_returns(tmp_path, cgroups
         assert out.timed_out and not left, f"run {i}: processes outlived the sandbox: {left}"
 
 
+def test_the_sandbox_reports_its_memory_peak_from_outside(tmp_path):
+    """The cgroup's high-water mark comes back with the outcome (None without cgroups): what a learner's process
+    held, whatever that process says about itself."""
+    need_bwrap()
+    box = sandbox.Sandbox()
+    if not box.cgroups:
+        pytest.skip("no writable memory cgroup here (grade as root)")
+    peaks = []
+    for i, mib in enumerate((16, 700)):
+        job = tmp_path / f"job{i}"
+        job.mkdir()
+        code = f"b = bytearray({mib} * 2**20)\nfor j in range(0, len(b), 4096):\n    b[j] = 1\n"
+        out = box.run([sys.executable, "-c", code], job, trusted.python_binds(), {}, sandbox.Limits(wall_s=60))
+        assert out.returncode == 0, out
+        peaks.append(out.memory_peak)
+    assert peaks[0] < 200 * 2**20 <= 700 * 2**20 <= peaks[1], peaks
+    box.cgroups = []
+    job = tmp_path / "job_none"
+    job.mkdir()
+    assert box.run([sys.executable, "-c", "pass"], job, trusted.python_binds(), {}, sandbox.Limits()).memory_peak is None
+
+
+def test_a_memory_peak_the_learners_process_did_not_report_is_flagged():
+    """Exercise 05's large case judged in the judging process with the sandbox's peak beside it: an honest tiled
+    pass (largest tensor a tile) with a low peak is not flagged; the same report with a peak as large as the score
+    matrix is; a result that already fails its memory bound is judged, not flagged."""
+    import random
+    from autograder.checks.ex05 import cases as c5
+    case = c5.large_case(random.Random(0))
+    gid = "task5_2_tiled_attention_hidden"
+    plan = {gid: ("task5_2_tiled_attention", [case])}
+    tile = case["lead"][0] * case["tile"] ** 2
+    for largest, peak, flagged in ((tile, 500 * 2**20, False), (tile, c5.LARGE_SCORES, True),
+                                   (case["lead"][0] * case["tq"] * case["tk"], c5.LARGE_SCORES, False),
+                                   (tile, None, False)):
+        graded = Graded(memory_peak=peak)
+        results = {f"{gid}/0": {"key": f"{gid}/0", "value": {"out": [], "lse": [], "largest": largest, "ops": []}}}
+        judge_in_process("autograder.checks.ex05", plan, {gid: 1.0}, results, graded, JudgeBudget())
+        assert bool(graded.flags) == flagged, (largest, peak, graded.flags)
+        assert graded.scores[gid] == (0.0, 1.0)       # the empty rows fail their check either way
+
+
 def test_limits_check_their_inputs():
     for name in ("scratch_bytes", "file_bytes", "channel_bytes"):
         with pytest.raises(ValueError, match=name):

@@ -123,6 +123,7 @@ def test_class_run_scores_every_learner_as_specified(spec, tmp_path):
     problems = (reference_problems(spec, res) + untouched_problems(spec, res)
                 + wrong_problems(spec, res, learner, excused))
     assert learner, f"{spec.ASSIGNMENT}: the class run graded no wrong submission"
+    assert not res.flags.get("reference"), f"{spec.ASSIGNMENT}: the reference solution was flagged: {res.flags}"
     assert not problems, f"{spec.ASSIGNMENT}:\n" + "\n".join(problems)
 
 

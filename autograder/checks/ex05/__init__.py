@@ -11,11 +11,11 @@ Cases: cases.py; what runs in the learner's process: run.py; references: refs.py
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import attn_cases, flash_cases, softmax_cases
+from .cases import LARGE_FLAG_BYTES, LARGE_SCORES, attn_cases, flash_cases, largest_allowed, softmax_cases
 from .judge import flash_judge, softmax_judge, tiled_judge
 from .run import flash_run, softmax_run, tiled_run
 
-__all__ = ["TASKS"]
+__all__ = ["TASKS", "corroborate"]
 
 
 TASKS = tasks(
@@ -24,3 +24,21 @@ TASKS = tasks(
     Task("task5_3_flash_function", ("FlashAttention",), flash_cases, flash_run, flash_judge),
 )
 
+
+
+def corroborate(runs, memory_peak: int) -> list[str]:
+    """Task 5.2's large case seen from outside: the learner's process reported no tensor larger than a score
+    tile, yet the sandbox's memory (its cgroup's peak) rose to most of the whole (24, 4000, 4000) fp32 score
+    matrix. Then something held the scores where the tracker could not see them (a dispatch mode switched off, work
+    done outside torch): flag it for the instructor."""
+    GiB = 2**30
+    for tid, case, value in runs:
+        if tid != "task5_2_tiled_attention" or "rows" not in case or not isinstance(value, dict):
+            continue
+        largest = value.get("largest")
+        if isinstance(largest, int) and largest <= largest_allowed(case, case["tile"]) \
+                and memory_peak >= LARGE_FLAG_BYTES:
+            return [f"task5_2_tiled_attention: the sandbox's memory peaked at {memory_peak / GiB:.2f} GiB, as much "
+                    f"as the whole score matrix ({LARGE_SCORES / GiB:.0f} GiB) of the large case, while your code "
+                    f"reported no tensor larger than a tile"]
+    return []

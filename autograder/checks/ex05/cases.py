@@ -128,7 +128,26 @@ def attn_cases(hidden, r):
     other = r.choice([12, 20, 24])
     tk = r.randint(21, 30)                                           # two key tiles, the second partial
     return [drawn(False), drawn(True), drawn(False, lead=[2, 2], tile=other), drawn(True, lead=[], tile=other),
-            drawn(False, tq=r.choice([t for t in range(3 * tk // 2, 2 * tk + 1) if t % 16]), tk=tk, d=4)]
+            drawn(False, tq=r.choice([t for t in range(3 * tk // 2, 2 * tk + 1) if t % 16]), tk=tk, d=4),
+            large_case(r)]
+
+
+# The large case: the whole (24, T, T) fp32 score matrix would be LARGE_SCORES bytes, far above what a tiled pass
+# holds (its score tiles are 24 x 256 x 256 x 4 B = 6 MiB, q, k, v and the output 3 MiB each), so the sandbox's
+# memory peak, read from its cgroup outside the learner's process, corroborates the largest tensor the learner's
+# process reports (`corroborate` in __init__.py). Only a few query rows come back (the whole output is more JSON
+# than a result line may hold); the judge recomputes those rows naively.
+LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 24, 256     # 4000 = 15 tiles of 256 and a partial one
+LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 1.43 GiB
+# a run whose sandbox peaked at this many bytes held something of the scores' size: an honest run of the reference
+# notebook peaks far below it (tests/test_checks_ex05.py measures the whole notebook's peak)
+LARGE_FLAG_BYTES = 3 * LARGE_SCORES // 4
+
+
+def large_case(r):
+    rows = sorted(r.sample(range(LARGE_T - 1), 5)) + [LARGE_T - 1]
+    return {"seed": r.randrange(2**31), "lead": [LARGE_LEAD], "tq": LARGE_T, "tk": LARGE_T, "d": 8,
+            "tile": LARGE_TILE, "causal": r.random() < 0.5, "steep": False, "rows": rows}
 
 
 def flash_cases(hidden, r):

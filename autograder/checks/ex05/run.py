@@ -60,6 +60,12 @@ def tiled_run(case, tiled_attention):
     if not (isinstance(res, tuple) and len(res) == 2):
         raise TypeError(f"tiled_attention must return a tuple (out, lse), got {type(res).__name__}")
     out, lse = _tensor("out", res[0]), _tensor("lse", res[1])
+    if "rows" in case:      # the large case: only its sampled query rows come back
+        if tuple(out.shape) != tuple(q.shape) or tuple(lse.shape) != tuple(q.shape[:-1]):
+            raise TypeError(f"tiled_attention returned out {tuple(out.shape)} and lse {tuple(lse.shape)} for q "
+                            f"{tuple(q.shape)}")
+        rows = torch.tensor(case["rows"])
+        out, lse = out[..., rows, :], lse[..., rows]
     return {"out": out.tolist(), "lse": lse.tolist(), "largest": mode.largest, "ops": sorted(mode.ops)}
 
 
