@@ -5,6 +5,10 @@
 Prints: the wall time of one class run with --jobs 1 and with --jobs 2 (same
 submissions, scores compared), and the time to grade one learner with the
 bubblewrap sandbox and with the plain-process fallback (MEMLAB_NO_BWRAP=1).
+Then what the integrity checks cost one learner beside that learner's whole grading
+(target: under 10%): the tampering scan of the cells, on exercise 05's reference
+notebook, and exercise 05's large case (the one the cgroup's memory peak
+corroborates), run alone in one thread as the sandbox runs it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,39 @@ def main() -> None:
             times = sorted(grade_notebook(one, ex, stage=stage, sandbox=box).seconds for _ in range(3))
             print(f"  {label:<26} {times[1]:.2f} s")
         os.environ.pop("MEMLAB_NO_BWRAP", None)
+        integrity_overhead(tmp, stage)
+
+
+def integrity_overhead(tmp: Path, stage: Path) -> None:
+    """The scan and the corroborated case against one whole grading of exercise 05's reference solution."""
+    import random
+    import nbformat
+    import torch
+    from autograder.checks.ex05 import TASKS, cases
+    from autograder.trusted import code_to_run, read_notebook, tampering
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _nb import solution_namespace, submission
+    name = "05_efficient_attention"
+    nb = tmp / "ex05_reference.ipynb"
+    nbformat.write(submission(name), nb)
+    ex = grade.exercise(name)
+    whole = grade_notebook(nb, ex, stage=stage)
+    cells = code_to_run(ex.template, read_notebook(nb))
+    t0 = time.perf_counter()
+    for _ in range(100):
+        tampering(cells)
+    scan = (time.perf_counter() - t0) / 100
+    torch.set_num_threads(1)
+    fn = solution_namespace(name, {})["tiled_attention"]
+    case = cases.large_case(random.Random(0))
+    t0 = time.perf_counter()
+    TASKS["task5_2_tiled_attention"].run(case, tiled_attention=fn)
+    large = time.perf_counter() - t0
+    print(f"integrity checks, exercise 05's reference ({whole.seconds:.1f} s in its sandbox, memory peak "
+          f"{(whole.memory_peak or 0) / 2**30:.2f} GiB, flags {whole.flags or 'none'}):")
+    print(f"  tampering scan of {len(cells)} cells: {scan * 1e3:.2f} ms ({100 * scan / whole.seconds:.3f}%)")
+    print(f"  the corroborated large case of task 5.2: {large:.2f} s ({100 * large / whole.seconds:.1f}% of the "
+          f"learner's sandbox time, which includes it)")
 
 
 if __name__ == "__main__":

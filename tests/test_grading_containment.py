@@ -171,7 +171,8 @@ def test_the_sandbox_reports_its_memory_peak_from_outside(tmp_path):
     box.cgroups = []
     job = tmp_path / "job_none"
     job.mkdir()
-    assert box.run([sys.executable, "-c", "pass"], job, trusted.python_binds(), {}, sandbox.Limits()).memory_peak is None
+    out = box.run([sys.executable, "-c", "pass"], job, trusted.python_binds(), {}, sandbox.Limits())
+    assert out.memory_peak is None
 
 
 def test_a_memory_peak_the_learners_process_did_not_report_is_flagged():
@@ -192,6 +193,39 @@ def test_a_memory_peak_the_learners_process_did_not_report_is_flagged():
         judge_in_process("autograder.checks.ex05", plan, {gid: 1.0}, results, graded, JudgeBudget())
         assert bool(graded.flags) == flagged, (largest, peak, graded.flags)
         assert graded.scores[gid] == (0.0, 1.0)       # the empty rows fail their check either way
+
+
+NUMPY_ATTENTION = '''import numpy as np
+
+def tiled_attention(q, k, v, is_causal=False, tile=64):
+    # the whole score matrix in numpy: memlab's tracker (a torch dispatch mode) never sees it
+    Q, K, V = (t.detach().numpy() for t in (q, k, v))
+    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    if is_causal:
+        s = np.where(np.arange(K.shape[-2])[None, :] > np.arange(Q.shape[-2])[:, None], -np.inf, s)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    out = (p / l) @ V
+    return torch.from_numpy(out.astype(np.float32)), torch.from_numpy((m + np.log(l))[..., 0].astype(np.float32))'''
+
+
+@pytest.mark.slow
+def test_attention_computed_where_the_tracker_cannot_see_is_flagged(tmp_path):
+    """A learner who computes the whole score matrix in numpy passes exercise 05's in-process memory bound (the
+    tracker sees no torch tensor of it); the sandbox's cgroup peak gives it away and the learner is flagged."""
+    need_bwrap()
+    if not sandbox.Sandbox().cgroups:
+        pytest.skip("no writable memory cgroup here (grade as root)")
+    import nbformat
+    from _nb import submission
+    name = "05_efficient_attention"
+    nb = tmp_path / "numpy.ipynb"
+    nbformat.write(submission(name, {"task5_2_tiled_attention": NUMPY_ATTENTION}), nb)
+    g = trusted.grade_notebook(nb, grade.exercise(name), stage=trusted.stage_course_code(tmp_path / "stage"))
+    assert g.scores["task5_2_tiled_attention_hidden"][0] > 0, g.reasons      # the in-process bound was fooled
+    assert g.memory_peak and g.memory_peak > 2**29, g.memory_peak
+    assert any(f.startswith("task5_2_tiled_attention: the sandbox's memory peaked") for f in g.flags), g.flags
 
 
 def test_limits_check_their_inputs():

@@ -28,7 +28,7 @@ TASKS = tasks(
 
 def corroborate(runs, memory_peak: int) -> list[str]:
     """Task 5.2's large case seen from outside: the learner's process reported no tensor larger than a score
-    tile, yet the sandbox's memory (its cgroup's peak) rose to most of the whole (24, 4000, 4000) fp32 score
+    tile, yet the sandbox's memory (its cgroup's peak) rose to most of the whole (10, 4000, 4000) fp32 score
     matrix. Then something held the scores where the tracker could not see them (a dispatch mode switched off, work
     done outside torch): flag it for the instructor."""
     GiB = 2**30
@@ -38,7 +38,7 @@ def corroborate(runs, memory_peak: int) -> list[str]:
         largest = value.get("largest")
         if isinstance(largest, int) and largest <= largest_allowed(case, case["tile"]) \
                 and memory_peak >= LARGE_FLAG_BYTES:
-            return [f"task5_2_tiled_attention: the sandbox's memory peaked at {memory_peak / GiB:.2f} GiB, as much "
-                    f"as the whole score matrix ({LARGE_SCORES / GiB:.0f} GiB) of the large case, while your code "
-                    f"reported no tensor larger than a tile"]
+            return [f"task5_2_tiled_attention: the sandbox's memory peaked at {memory_peak / GiB:.2f} GiB, enough "
+                    f"for most of the large case's whole score matrix ({LARGE_SCORES / GiB:.2f} GiB), while your code "
+                    f"reported no tensor larger than a score tile"]
     return []

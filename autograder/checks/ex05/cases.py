@@ -132,16 +132,17 @@ def attn_cases(hidden, r):
             large_case(r)]
 
 
-# The large case: the whole (24, T, T) fp32 score matrix would be LARGE_SCORES bytes, far above what a tiled pass
-# holds (its score tiles are 24 x 256 x 256 x 4 B = 6 MiB, q, k, v and the output 3 MiB each), so the sandbox's
+# The large case: the whole (10, T, T) fp32 score matrix would be LARGE_SCORES bytes, twice what the reference
+# notebook's whole sandbox holds at its peak (0.29 GiB, `python benchmarks/bench_grading.py`), while a tiled pass adds
+# little (its score tiles are 10 x 256 x 256 x 4 B = 2.5 MiB, q, k, v and the output 1.2 MiB each). So the sandbox's
 # memory peak, read from its cgroup outside the learner's process, corroborates the largest tensor the learner's
-# process reports (`corroborate` in __init__.py). Only a few query rows come back (the whole output is more JSON
-# than a result line may hold); the judge recomputes those rows naively.
-LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 24, 256     # 4000 = 15 tiles of 256 and a partial one
-LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 1.43 GiB
-# a run whose sandbox peaked at this many bytes held something of the scores' size: an honest run of the reference
-# notebook peaks far below it (tests/test_checks_ex05.py measures the whole notebook's peak)
-LARGE_FLAG_BYTES = 3 * LARGE_SCORES // 4
+# process reports (`corroborate` in __init__.py). The work grows with the matrix, so it is no larger than that. Only a
+# few query rows come back (the whole output is more JSON than a result line may hold); the judge recomputes them.
+LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 10, 256     # 4000 = 15 tiles of 256 and a partial one
+LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 0.60 GiB
+# a run whose sandbox peaked at this many bytes held something of the scores' size beside the notebook: a naive pass
+# holds the scores on top of the notebook's own bytes (0.29 + 0.60 GiB at least)
+LARGE_FLAG_BYTES = 5 * LARGE_SCORES // 6                   # 0.50 GiB
 
 
 def large_case(r):
