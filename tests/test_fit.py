@@ -146,7 +146,8 @@ def test_result_is_consistent():
     r = memlab.fit("gpt2", "T4-16GB", batch=2, seq=256, checkpointing="full", zero=2, gpus=4)
     assert r.peak == max(r.by_phase.values()) == sum(r.by_category.values())
     assert r.usable == memlab.usable_bytes(r.capacity) == int(r.capacity * (1 - memlab.HEADROOM))
-    assert r.fits == (r.peak <= r.usable)
+    assert r.fits == (r.reserved + r.context <= r.usable) and r.needed == r.reserved + r.context
+    assert r.reserved_cached >= r.reserved >= r.peak and r.context > 0
     assert r.cost["recompute_flops"] > 0 and r.cost["comm_bytes"] > 0 and r.cost["steps_per_batch"] == 1
     d = r.to_dict()
     assert json.loads(json.dumps(d))["plan"]["zero"] == 2

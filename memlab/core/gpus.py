@@ -172,9 +172,11 @@ PRESETS: dict[str, GPUSpec] = {k: GPUSpec(k, g.total_memory, g.bf16, g.memory_so
                                for k, g in GPUS.items() if g.total_memory is not None}
 
 
-# The course's one criterion for "it fits": the peak stays below the capacity minus this fraction, kept for what a
-# byte count leaves out (the CUDA context and cuBLAS workspaces outside PyTorch's allocator, fragmentation, a
-# longer batch than planned). Lesson 07 and 08 and `memlab fit` all use it.
+# The course's one criterion for "it fits": what the step needs stays below the capacity minus this fraction. Where
+# only a byte count of tensors is known (lesson 07), the fraction stands for what that count leaves out (the CUDA
+# context and cuBLAS workspaces, fragmentation); `memlab fit` models those (the caching allocator's reserved bytes,
+# the context: memlab/fitting/plan.py), so there it keeps room only for a longer batch than planned, other
+# processes on the card and the error of those models. Lessons 07 and 08 and `memlab fit` all use it.
 HEADROOM = 0.05
 
 

@@ -38,7 +38,9 @@ CUDA defaults to foreach=True: pass foreach=True (or fused=True) explicitly.
 What it does not model: the CUDA context (outside PyTorch's allocator; pass
 `reserve_gb=CUDA_CONTEXT_GB` to keep room for it), cuBLAS/cuDNN workspaces and
 fragmentation (cached but unusable blocks). Its peak is the allocator's
-`max_memory_allocated`, not `reserved`.
+`max_memory_allocated`, not `reserved`. (`memlab.fit` adds both: it replays a run's
+allocation stream through `memlab.core.allocator`, the caching allocator's model, and
+adds the context.)
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 `fit(model, gpu, ...)` builds the Hugging Face model from its config on the meta device, gives it fake
 storage inside `memlab.VirtualGPU` (nothing is allocated, no weights are downloaded) and runs one real
 training step (or a prefill) of it under memlab's tracker: forward, backward, optimizer step, with the
-options asked for. What it reports is what PyTorch would allocate, by category and by phase.
+options asked for. What it reports is what PyTorch would allocate, by category and by phase, and what a real
+card fails on: the step's allocation stream replayed through a model of PyTorch's caching allocator
+(`memlab.core.allocator`: block rounding, 2 / 20 MiB segments, best fit, splitting, release and retry before an
+OOM) gives the reserved bytes, and the CUDA context with cuBLAS's workspaces comes on top (`context_bytes`).
+It fits when reserved + context <= capacity x (1 - headroom).
 
 Speed: every decoder layer is the same, so each phase's peak is linear in the number of layers. `fit`
 runs the model cut to 2 and 3 layers (layer 0 differs: its input needs no gradient) and extends each phase's
@@ -15,8 +19,10 @@ What is run, and what is computed on top (`memlab.fit_search` has the search and
   run        method, precision, optimizer, checkpointing, micro_batch, attention, mode
   computed   ZeRO stage / gpus and offload: the per-rank partition of the run's model states
              (Rajbhandari et al. 2020, section 5), see `shard_phases`.
-Not modelled: the CUDA context and cuBLAS workspaces (keep `headroom` for them), allocator fragmentation,
-DDP's gradient buckets, padding (sequences are full, causal attention is sdpa's is_causal).
+Not modelled: DDP's gradient buckets, padding (sequences are full, causal attention is sdpa's is_causal), other
+processes on the card. The reserved bytes of a deep model are its allocated peak times the 3-layer run's
+reserved / allocated (the overhead does not extend linearly; benchmarks/fit.md compares full-depth replays);
+with ZeRO, offload or paged state the same share is applied to the partitioned peak, an approximation.
 """
 
 from __future__ import annotations
@@ -35,9 +41,18 @@ from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
 BORDERLINE = 0.02      # a plan with less than 2% of the card to spare beyond the headroom is called borderline
 
-__all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "CHOICES"]
+__all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "context_bytes", "CHOICES"]
 
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
+# What a process holds on the card outside its tensors, when no recording of the card says otherwise:
+#   the CUDA context: memlab.virtual_gpu.CUDA_CONTEXT_GB (0.4 GiB), "around 400MB if CUDA >= 11.7 is used and lazy
+#     module loading enabled" (pytorch/pytorch issue 109888; it varies with the GPU, driver and CUDA version);
+#   cuBLAS's workspace: 8,519,680 B, the default CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8 (PyTorch docs, "CUDA
+#     semantics", cuBLAS workspaces), allocated through the caching allocator but not a tensor;
+#   cuBLASLt's workspace: 32 MiB, its largest default (Hopper; 4 MiB on Ampere with >= 24 GiB, 1 MiB otherwise:
+#     pytorch/pytorch pull request 120925), taken for every card to stay on the safe side.
+CUBLAS_WORKSPACE = 8_519_680
+CUBLASLT_WORKSPACE = 32 * MiB
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "fp16", "mixed"),
            "qlora_rest": ("fp32", "16bit"), "loss": ("full", "chunked"),
@@ -144,10 +159,10 @@ class Plan:
 @dataclass
 class FitResult:
     """What `fit` found. Bytes are per GPU (per rank with ZeRO)."""
-    peak: int                        # bytes at the step's peak
+    peak: int                        # bytes of live tensors at the step's peak (the allocator's max allocated)
     capacity: int                    # the GPU's total_memory, bytes
     usable: int                      # capacity * (1 - headroom)
-    fits: bool                       # peak <= usable
+    fits: bool                       # reserved + context <= usable
     by_category: dict[str, int]      # memlab.CATEGORIES at the peak
     by_phase: dict[str, int]         # phase -> its peak bytes ("idle" is the model as loaded)
     plan: dict                       # the options
@@ -159,16 +174,31 @@ class FitResult:
     model_states: dict = field(default_factory=dict)   # parameters/gradients/optimizer per rank after the step
     n_params: int = 0
     trainable: int = 0
+    reserved: int | None = None      # the least reserved memory the steady-state step runs in (None: peak)
+    reserved_cached: int | None = None   # max reserved with memory to spare (None: reserved)
+    context: int = 0                 # CUDA context + cuBLAS workspaces assumed, outside the tensors
+    context_source: str = ""
+
+    def __post_init__(self):
+        if self.reserved is None:
+            self.reserved = self.peak
+        if self.reserved_cached is None:
+            self.reserved_cached = self.reserved
+
+    @property
+    def needed(self) -> int:
+        """reserved + context: the card's memory the step needs."""
+        return self.reserved + self.context
 
     @property
     def headroom_bytes(self) -> int:
-        """usable - peak (negative: it does not fit)."""
-        return self.usable - self.peak
+        """usable - (reserved + context) (negative: it does not fit)."""
+        return self.usable - self.needed
 
     @property
     def borderline(self) -> bool:
-        """Fits, but with less than BORDERLINE of the capacity to spare beyond the headroom: the caching allocator's
-        rounding and fragmentation, which the peak leaves out, can take that much (lesson 01)."""
+        """Fits, but with less than BORDERLINE of the capacity to spare beyond the headroom: the allocator model and
+        the context are estimates (benchmarks/fit.md), and a longer batch or another process takes more."""
         return self.fits and self.headroom_bytes < BORDERLINE * self.capacity
 
     @property
@@ -183,7 +213,7 @@ class FitResult:
         p = self.plan
         verdict = self.verdict.upper()
         h = 1 - self.usable / self.capacity if self.capacity else 0
-        lines = [f"{self.model} on {self.gpu}: {verdict}: peak {format_bytes(self.peak)} of "
+        lines = [f"{self.model} on {self.gpu}: {verdict}: needs {format_bytes(self.needed)} of "
                  f"{format_bytes(self.usable)} usable ({format_bytes(self.capacity)} x (1 - {h:.2f} headroom))",
                  f"  {p['mode']}, {p['method']}, {p['precision']}"
                  f"{', ' + p['optimizer'] + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"
@@ -202,7 +232,12 @@ class FitResult:
         for i, c in enumerate(CATEGORIES):
             right = f"     {phases[i][0]:<9} {format_bytes(phases[i][1]):>11}" if i < len(phases) else ""
             lines.append(f"  {c:<12} {format_bytes(self.by_category.get(c, 0)):>11}{right}")
-        lines.append(f"  {'total':<12} {format_bytes(self.peak):>11}     (peak in phase '{self.peak_phase}')")
+        lines.append(f"  {'total':<12} {format_bytes(self.peak):>11}     (allocated, peak in '{self.peak_phase}')")
+        lines.append(f"  + caching allocator {format_bytes(self.reserved - self.peak):>10} = reserved "
+                     f"{format_bytes(self.reserved)} (it caches up to {format_bytes(self.reserved_cached)} when the "
+                     f"card has room)")
+        lines.append(f"  + CUDA context      {format_bytes(self.context):>10} = needs {format_bytes(self.needed)}"
+                     f"{' (' + self.context_source + ')' if self.context_source else ''}")
         sign = "spare" if self.fits else "short"
         lines.append(f"  headroom: {abs(self.headroom_bytes) / GiB:.2f} GiB {sign}; answered in {self.seconds:.1f} s")
         c = self.cost
@@ -230,6 +265,32 @@ def _gpu(gpu):
     raise TypeError(f"gpu must be a preset name, a capacity in GiB or a memlab.VirtualGPU, got {type(gpu).__name__}")
 
 
+def context_bytes(gpu_name: str, capacity: int) -> tuple[int, str]:
+    """(bytes, where the figure comes from) that a PyTorch process holds on the card beside its tensors: the CUDA
+    context and cuBLAS's handle and workspaces. From a recording of the same card (memlab.hardware.recorded: its
+    "cublas" experiment, device memory in use after the first matmuls minus what the allocator reserved before
+    them) when one matches the GPU's name and total_memory (within 1%); else the cited figures above."""
+    from ..hardware.recorded import Recording, available
+    if not isinstance(gpu_name, str):
+        raise TypeError(f"gpu_name must be a str, got {type(gpu_name).__name__}")
+    pos_int("capacity", capacity)
+    token = gpu_name.split("-")[0].lower()
+    for path in available():
+        try:
+            rec = Recording.from_file(path)
+            steps = rec.experiments.get("cublas", {}).get("steps", [])
+            same = token in rec.gpu.lower() and abs(rec.meta["total_memory_bytes"] - capacity) <= capacity / 100
+            if same and len(steps) >= 2:
+                used = int(steps[-1]["device_used_bytes"] - steps[0]["reserved_bytes"])
+                if used > 0:
+                    return used, f"recorded on {rec.gpu}, {rec.meta['date']}"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue                      # not a usable recording: the cited figure below
+    from ..core.virtual_gpu import CUDA_CONTEXT_GB
+    return (int(CUDA_CONTEXT_GB * GiB) + CUBLAS_WORKSPACE + CUBLASLT_WORKSPACE,
+            "cited: CUDA context ~0.4 GiB + cuBLAS/cuBLASLt workspaces")
+
+
 def auto_precision(gpu) -> str:
     """"bf16" on a GPU preset with bf16 tensor cores (or a bare capacity), "fp16" on one without (T4, V100)."""
     from ..core.virtual_gpu import PRESETS, VirtualGPU
@@ -241,7 +302,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
         qlora_rest: str = "fp32", loss: str = "full", step_in_backward: bool = False, paged: bool = False,
-        headroom: float = HEADROOM) -> FitResult:
+        headroom: float = HEADROOM, context: int | None = None) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -275,15 +336,27 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
                 section 10), so it is not counted against the card; the cost counts it crossing PCIe twice per
                 step, the worst case. bitsandbytes pages only tensors of >= 1e5 values; here all the state is
                 counted as paged (norm and bias state is small)
-    headroom    the share of capacity kept free for what the virtual GPU does not see (the CUDA context,
-                cuBLAS workspaces, fragmentation): fits = peak <= capacity * (1 - headroom)
+    headroom    the share of capacity kept free for what is still not modelled (a longer batch than planned,
+                other processes, the allocator model's and the context's error): fits = reserved + context <=
+                capacity * (1 - headroom)
+    context     bytes the process holds outside its tensors (CUDA context, cuBLAS workspaces); None: `context_bytes`
+                (a recording of this card, else a cited figure). Measure yours: on the card, total_memory minus
+                torch.cuda.mem_get_info()[0] minus torch.cuda.memory_reserved(), after a first matmul
+
+    What is reported: `peak` (the allocator's max allocated: live tensors, each rounded to 512 B), `reserved` (the
+    least memory the caching allocator runs the steady-state step in: the replayed stream's segments, with the
+    allocator freeing its cache and retrying before it fails), `reserved_cached` (what it holds when the card has
+    room to spare: torch.cuda.max_memory_reserved() on a larger card) and `context`.
     """
     t0 = time.perf_counter()
     precision = auto_precision(gpu) if precision == "auto" else precision
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
                 attention, lora_r, qlora_rest, loss, step_in_backward, paged).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
+    if context is not None:
+        pos_int("context", context, zero_ok=True, what="a non-negative int of bytes or None")
     gpu_name, capacity = _gpu(gpu)
+    ctx, ctx_source = (context, "given") if context is not None else context_bytes(gpu_name, capacity)
     cfg = load_config(model)
     limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     if limit and seq > limit:
@@ -302,6 +375,11 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     top = max(phases, key=lambda ph: phases[ph]["total"])
     peak = phases[top]["total"]
     usable = usable_bytes(capacity, headroom)
+    # the caching allocator's overhead, as a share of the allocated peak of the run (BASE + 1 layers, or the whole
+    # model when it is that shallow: then exact), applied to this plan's peak (full depth, per rank)
+    a = m["allocator"]
+    reserved = -(-peak * a["reserved"] // max(a["allocated"], 1)) if a["allocated"] else peak
+    cached = max(reserved, -(-peak * a["reserved_cached"] // max(a["allocated"], 1)))
     states = {}
     if "states" in info:   # model states per rank just after the step: no bucket, nothing gathered
         after = shard_phases({"after": {**info["states"], "activations": 0, "temporaries": 0}}, info, plan)
@@ -310,9 +388,10 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     if paged:        # at worst the whole state comes in for the update and goes out again, every step
         cost["offload_bytes"] = cost.get("offload_bytes", 0) + 2 * paged
     name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
-    return FitResult(peak=peak, capacity=capacity, usable=usable, fits=peak <= usable,
+    return FitResult(peak=peak, capacity=capacity, usable=usable, fits=reserved + ctx <= usable,
                      by_category={c: phases[top][c] for c in CATEGORIES},
                      by_phase={ph: d["total"] for ph, d in phases.items()}, plan=asdict(plan),
                      cost=cost, seconds=time.perf_counter() - t0, model=str(name),
                      gpu=gpu_name, peak_phase=top, model_states=states, n_params=int(info["n_params"]),
-                     trainable=int(info["trainable"]))
+                     trainable=int(info["trainable"]), reserved=reserved, reserved_cached=cached, context=ctx,
+                     context_source=ctx_source)

@@ -1,6 +1,7 @@
-"""How `memlab.fit` gets its numbers: the virtual-GPU runs at 1 and 2 layers extended to the model's
-depth (`measure`), the per-rank partition of ZeRO and offload computed on top of them (`shard_phases`),
-and the extra work a plan costs per step (`plan_cost`)."""
+"""How `memlab.fit` gets its numbers: the virtual-GPU runs at 2 and 3 layers extended to the model's
+depth (`measure`), with each run's allocation stream replayed through the caching-allocator model
+(`memlab.core.allocator`) for its reserved bytes, the per-rank partition of ZeRO and offload computed on top of
+them (`shard_phases`), and the extra work a plan costs per step (`plan_cost`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 
 from ..core.track import CATEGORIES
 
-__all__ = ["measure", "shard_phases", "plan_cost", "clear_cache"]
+__all__ = ["measure", "allocator_bytes", "shard_phases", "plan_cost", "clear_cache"]
 
 # ----------------------------------------------------------------------------- measuring
 _CACHE: dict = {}
@@ -34,10 +35,29 @@ def _extend(a: dict, b: dict, layers: int) -> dict:
     return {k: a[k] + (layers - 1) * (b[k] - a[k]) for k in a}
 
 
+STEADY_REPEATS = 2   # the step's events are replayed this many more times: the cache of later steps (benchmarks/fit.md)
+
+
+def allocator_bytes(tracker) -> dict:
+    """A virtual run's allocation stream through the caching-allocator model, the step's part repeated
+    STEADY_REPEATS more times (the steady state of a training loop): {"allocated": max allocated,
+    "reserved": the least memory the allocator runs it in (it frees cached segments and retries before it
+    fails), "reserved_cached": max reserved with memory to spare, what torch.cuda.max_memory_reserved() shows}."""
+    from ..core.allocator import events_from_tracker, least_capacity, replay, step_start
+    ev, start = events_from_tracker(tracker), step_start(tracker)
+    kw = dict(repeat_from=start, repeats=STEADY_REPEATS) if start is not None else {}
+    free = replay(ev, **kw)
+    return {"allocated": free["max_allocated"], "reserved": least_capacity(ev, **kw),
+            "reserved_cached": free["max_reserved"]}
+
+
 def measure(cfg, plan) -> dict:
     """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
-    to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...}}
-    (cached per config and run options)."""
+    to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...},
+    "allocator": `allocator_bytes` of the deeper run} (cached per config and run options).
+    The allocator's overhead does not grow linearly with depth (fragmentation settles over several layers), so
+    it is not extended: `fit` scales its peak by that run's reserved / allocated (checked against full-depth
+    replays in benchmarks/fit.md: 0 to 6% above them, never below, on the plans tried)."""
     from .model import cut_layers, fit_step, precision_dtype, skeleton
     from ..core.virtual_gpu import VirtualGPU
     key = (cfg.to_json_string(use_diff=False), _run_key(plan))
@@ -50,18 +70,18 @@ def measure(cfg, plan) -> dict:
     ks = (BASE, BASE + 1) if L > BASE else (L,)
     for k in ks:
         sk, info = skeleton(cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r, rp.attention)
-        r = gpu.run(fit_step, sk, info, rp)
-        runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value))
+        r = gpu.run(fit_step, sk, info, rp, timeline=True)
+        runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)))
     if len(runs) == 1:
-        out = {"phases": runs[0][0], "info": runs[0][1]}
+        out = {"phases": runs[0][0], "info": runs[0][1], "allocator": runs[0][2]}
     else:
-        (p1, i1), (p2, i2) = runs
+        (p1, i1, a1), (p2, i2, a2) = runs
         phases = {ph: _extend(p1[ph], p2[ph], L - BASE + 1) for ph in p1 if ph in p2}
         # per-layer constants (one layer's bytes, the embedding's) come out unchanged: b - a = 0
         n = L - BASE
         info = {k: (_extend(i1[k], i2[k], n + 1) if isinstance(i1[k], dict) else i1[k] + n * (i2[k] - i1[k]))
                 for k in i1}
-        out = {"phases": phases, "info": info}
+        out = {"phases": phases, "info": info, "allocator": a2}
     _CACHE[key] = out
     return out
 
