@@ -15,7 +15,7 @@ from ..core.gpus import HEADROOM
 from ..core.track import format_bytes
 from ..core.validate import is_int, pos_int
 
-__all__ = ["fit_search", "extra_seconds", "main"]
+__all__ = ["fit_search", "extra_seconds", "extras_of", "EXTRAS", "main"]
 
 _METHOD_RANK = {"full": 0, "lora": 1, "qlora": 2}
 
@@ -51,17 +51,35 @@ def _divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
+# What practitioners turn on when the plain plan does not fit, cheapest first: each adds to the one before. The
+# chunked loss and the step in backward cost no extra time (the same FLOPs, in another order); paged optimizer state
+# costs its PCIe traffic when the driver evicts it (fit counts it in offload_bytes). The step in backward leaves no
+# room for gradient accumulation or ZeRO, so it is tried only with whole batches on one GPU.
+EXTRAS = ({}, {"loss": "chunked"}, {"loss": "chunked", "step_in_backward": True},
+          {"loss": "chunked", "step_in_backward": True, "paged": True})
+
+
+def extras_of(plan: dict) -> str:
+    """The practitioner's options a plan turns on, as the search's table names them ("-" for none)."""
+    on = [name for key, name in (("loss", "chunked-loss"), ("step_in_backward", "step-in-bwd"), ("paged", "paged"))
+          if plan.get(key) not in (None, False, "full")]
+    return ",".join(on) or "-"
+
+
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
                precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
-               gpus=(1,), offload: bool = True, attention: str = "sdpa", lora_r: int = 16,
+               gpus=(1,), offload: bool = True, extras: bool = True, attention: str = "sdpa", lora_r: int = 16,
                headroom: float = HEADROOM, limit: int = 10, progress=None) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
 
     Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
     small, they keep AdamW), checkpointing none/selective/full, micro-batches (gradient accumulation,
     every divisor of `batch`), and for each number of GPUs in `gpus` ZeRO stage 0-3, with and without
-    optimizer offload (`offload=True`; on one GPU ZeRO is only tried with offload). `precision` is kept
-    as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
+    optimizer offload (`offload=True`; on one GPU ZeRO is only tried with offload). With `extras=True`, a plan
+    with full checkpointing that does not fit is tried again with what practitioners add to it (`EXTRAS`, in
+    order: the chunked loss, then the optimizer step in backward, then paged optimizer state); the least-memory
+    plan of a branch is the least of these.
+    `precision` is kept as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
 
     Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
     then QLoRA (pass methods= to choose) - then fewer GPUs, then the lower extra_seconds.
@@ -75,6 +93,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     one line per branch and per plan tried (memlab-fit prints them).
     """
     pos_int("limit", limit)
+    if not isinstance(extras, bool):
+        raise ValueError(f"extras must be True or False, got {extras!r}")
     if progress is not None and not callable(progress):
         raise ValueError(f"progress must be None or a function of one str, got {type(progress).__name__}")
     t0 = time.perf_counter()
@@ -112,8 +132,12 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
             if m == "qlora" and precision == "mixed":
                 continue
             for opt in (optimizers if m == "full" else ("adamw",)):
-                least = dict(base, method=m, optimizer=opt, checkpointing="full", micro_batch=1)
-                if not _shardings(cfg, gpu, gpus, offload, least):
+                least = dict(base, method=m, optimizer=opt, checkpointing="full")
+                # each extra lowers the peak: the least plans are the last one without the step in backward
+                # (micro-batches of 1) and the last one of all (whole batches)
+                leasts = [EXTRAS[1], EXTRAS[-1]] if extras else EXTRAS[:1]
+                if not any(_shardings(cfg, gpu, gpus, offload, dict(least, micro_batch=_least_micro(x, batch), **x))
+                           for x in leasts):
                     say(f"{m}, {opt}: even full checkpointing with micro-batches of 1 does not fit; skipped")
                     continue                   # not even its least-memory plan fits: skip the branch
                 say(f"{m}, {opt}: its least-memory plan fits; looking for a cheaper one")
@@ -123,10 +147,17 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
                         if micro <= fitted_micro:
                             break
                         mb = None if micro == batch else micro
-                        hits = _shardings(cfg, gpu, gpus, offload, dict(base, method=m, optimizer=opt,
-                                                                        checkpointing=ckpt, micro_batch=mb))
+                        plan = dict(base, method=m, optimizer=opt, checkpointing=ckpt, micro_batch=mb)
+                        hits = []
+                        for x in EXTRAS if extras and ckpt == "full" else EXTRAS[:1]:
+                            if x.get("step_in_backward") and micro != batch:
+                                continue            # no gradient accumulation with the step in backward
+                            hits = _shardings(cfg, gpu, gpus, offload, dict(plan, **x))
+                            if hits:
+                                break
                         say(f"{m}, {opt}, checkpointing {ckpt}, micro-batch {micro}: "
-                            f"{'fits' if hits else 'does not fit'}")
+                            + ("does not fit" if not hits else "fits" if extras_of(hits[0].plan) == "-"
+                               else f"fits with {extras_of(hits[0].plan)}"))
                         for r in hits:
                             keep(r)
                         if hits:
@@ -138,13 +169,22 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     return found[:limit]
 
 
+def _least_micro(extra: dict, batch: int) -> int | None:
+    """The smallest micro-batch a plan with `extra` may use: 1, or the whole batch with the step in backward (it
+    updates the weights after every backward, so it allows no gradient accumulation)."""
+    return None if extra.get("step_in_backward") or batch == 1 else 1
+
+
 def _shardings(cfg, gpu, gpus, offload, kw) -> list[FitResult]:
     """For each number of GPUs, the cheapest sharding that fits (ZeRO 0-3, with/without offload); these
-    reuse one measured run (fit caches it)."""
+    reuse one measured run (fit caches it). The step in backward and paged state run on one GPU without ZeRO."""
     out = []
+    alone = kw.get("step_in_backward") or kw.get("paged")
     for n in sorted(set(gpus)):
+        if alone and n > 1:
+            continue
         options = [(0, False)] if n == 1 else [(z, False) for z in (0, 1, 2, 3)]
-        if offload:
+        if offload and not alone:
             options += [(z, True) for z in (1, 2, 3)]
         best = None
         for z, off in options:
@@ -163,13 +203,13 @@ def format_plans(plans: list[FitResult]) -> str:
     if not plans:
         return "no combination searched fits"
     head = (f"{'#':>2} {'method':<6} {'optim':<9} {'ckpt':<9} {'micro':>5} {'gpus':>4} {'zero':>4} {'offl':>4} "
-            f"{'peak':>11} {'extra s/step':>12}")
+            f"{'extras':<30} {'peak':>11} {'extra s/step':>12}")
     rows = [head]
     for i, r in enumerate(plans, 1):
         p = r.plan
         rows.append(f"{i:>2} {p['method']:<6} {p['optimizer']:<9} {p['checkpointing']:<9} "
                     f"{p['micro_batch'] or p['batch']:>5} {p['gpus']:>4} {p['zero']:>4} "
-                    f"{'yes' if p['offload'] else '-':>4} "
+                    f"{'yes' if p['offload'] else '-':>4} {extras_of(p):<30} "
                     f"{format_bytes(r.peak):>11} {r.cost.get('extra_seconds', 0):>12.3f}")
     return "\n".join(rows)
 
