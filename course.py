@@ -3,17 +3,25 @@
 
     python3 course.py start [JUPYTERLAB OPTIONS]   set up .venv (first run only), copy the lessons and
                                                    exercises into my-work/ and open lesson 01 there
+    python3 course.py start --instructor [...]     JupyterLab in the repository root with nbgrader's
+                                                   Formgrader on the course's gradebook (instructors)
     python3 course.py test [PYTEST OPTIONS]        set up .venv (first run only) and run every test
+    python3 course.py book [--no-execute]          build the course's website (Jupyter Book) into
+                                                   _build/book/_build/html (book/build.py --help)
     python3 course.py sync                         only bring my-work/ up to date (what start does first)
     python3 course.py help                         this text
 
-`start` passes its options to JupyterLab, for example on a remote machine or in a container:
+`start` passes its options (all but --instructor) to JupyterLab, for example on a remote machine or in a
+container:
 
     python3 course.py start --no-browser --ip=0.0.0.0 --port=8888
 
 (then open the URL with the token that JupyterLab prints). Run as root, `start` adds --allow-root, without
 which JupyterLab refuses to start. The server's PATH begins with .venv's scripts folder, so `memlab-grade`
 works in JupyterLab's terminal.
+
+A learner's JupyterLab shows none of nbgrader's instructor panels (Formgrader, Create Assignment, the
+course and assignment lists); the notebook toolbar's Validate button stays. `start --instructor` shows them all.
 
 my-work/ is your working copy, ignored by git: you open and edit the notebooks there, so `git pull` never
 conflicts with your work. Each `start` copies notebooks that are new in the course, and replaces a copy only
@@ -56,7 +64,18 @@ WORK = ROOT / "my-work"            # the learner's working copy (.gitignore list
 COPIED = ("lessons", "exercises")  # the folders copied into it
 MANIFEST = ".course-copies.json"   # in WORK: {path: sha256 of the course's file when it was copied}
 FIRST_LESSON = "lessons/01_memory_anatomy.ipynb"
-COMMANDS = ("start", "test", "sync", "help")
+COMMANDS = ("start", "test", "sync", "book", "help")
+INSTRUCTOR = "--instructor"        # start's own option: nbgrader's instructor panels, in the repository root
+EXCHANGE = ROOT / "autograder" / "work" / "exchange"   # nbgrader's exchange (autograder/nbgrader_config.py)
+LEARNER_CONFIG = VENV / "course-learner-config"        # JUPYTER_CONFIG_PATH of a learner's server
+# nbgrader 0.9's instructor parts, switched off in a learner's server: its server extensions (as its
+# jupyter_server_config.d/nbgrader.json enables them) and its JupyterLab plugins (ids in its labextension).
+# The learner keeps nbgrader.server_extensions.validate_assignment and @jupyter/nbgrader:validate-assignment.
+NBGRADER_INSTRUCTOR_SERVER = ("nbgrader.server_extensions.formgrader", "nbgrader.server_extensions.course_list",
+                              "nbgrader.server_extensions.assignment_list")
+NBGRADER_INSTRUCTOR_LAB = ("@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
+                           "@jupyter/nbgrader:course-list", "@jupyter/nbgrader:assignment-list",
+                           "@jupyter/nbgrader:menu")
 
 
 class CourseError(Exception):
@@ -260,14 +279,31 @@ def running_as_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def server_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(environ: dict[str, str] | None = None, learner_config: Path | None = None) -> dict[str, str]:
     """The JupyterLab server's environment: .venv's scripts folder first on PATH (kernels and terminals
-    inherit it, so `memlab-grade` and `python` are the course's), VIRTUAL_ENV set as `activate` does."""
+    inherit it, so `memlab-grade` and `python` are the course's), VIRTUAL_ENV set as `activate` does, and
+    `learner_config` (write_learner_config) first on JUPYTER_CONFIG_PATH for a learner's server."""
     env = dict(os.environ if environ is None else environ)
     env["PATH"] = os.pathsep.join([str(BIN)] + [p for p in env.get("PATH", "").split(os.pathsep) if p])
     env["VIRTUAL_ENV"] = str(VENV)
     env.pop("PYTHONHOME", None)
+    if learner_config is not None:
+        rest = [p for p in env.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p and p != str(learner_config)]
+        env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(learner_config)] + rest)
     return env
+
+
+def write_learner_config(path: Path = LEARNER_CONFIG) -> Path:
+    """A Jupyter config folder that switches nbgrader's instructor parts off, the supported way: server
+    extensions in jupyter_server_config.json (ServerApp.jpserver_extensions), JupyterLab plugins in
+    labconfig/page_config.json (disabledExtensions, what `jupyter labextension disable` writes). A server with
+    `path` on JUPYTER_CONFIG_PATH (server_env) reads both; nothing outside `path` is changed."""
+    (path / "labconfig").mkdir(parents=True, exist_ok=True)
+    server = {"ServerApp": {"jpserver_extensions": {name: False for name in NBGRADER_INSTRUCTOR_SERVER}}}
+    lab = {"disabledExtensions": {name: True for name in NBGRADER_INSTRUCTOR_LAB}}
+    (path / "jupyter_server_config.json").write_text(json.dumps(server, indent=1) + "\n")
+    (path / "labconfig" / "page_config.json").write_text(json.dumps(lab, indent=1) + "\n")
+    return path
 
 
 TERMINAL_RC = VENV / "course-bashrc"       # what bash reads in JupyterLab's terminal (write_terminal_rc)
@@ -285,11 +321,10 @@ def write_terminal_rc(path: Path = TERMINAL_RC) -> Path:
 
 
 def jupyter_command(options: list[str], *, as_root: bool, environ: dict[str, str] | None = None,
-                    root_dir: Path = WORK) -> list[str]:
+                    root_dir: Path = WORK, default_url: str = f"/lab/tree/{FIRST_LESSON}") -> list[str]:
     """The JupyterLab command line: the working copy as root folder, lesson 01 opened, `options` passed on."""
     env = os.environ if environ is None else environ
-    cmd = [str(PY), "-m", "jupyterlab", f"--ServerApp.root_dir={root_dir}",
-           f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
+    cmd = [str(PY), "-m", "jupyterlab", f"--ServerApp.root_dir={root_dir}", f"--LabApp.default_url={default_url}"]
     if os.name != "nt" and not any(o.startswith("--ServerApp.terminado_settings") for o in options):
         # JupyterLab's terminal is a login shell when the server's output is not a terminal (nohup, a
         # container), and a login shell reads /etc/profile, which on Debian/Ubuntu resets PATH: ask for a
@@ -303,22 +338,56 @@ def jupyter_command(options: list[str], *, as_root: bool, environ: dict[str, str
     return cmd + list(options)
 
 
+def server(options: list[str], *, instructor: bool, as_root: bool, course_root: Path = ROOT, work: Path = WORK,
+           learner_config: Path = LEARNER_CONFIG, environ: dict[str, str] | None = None
+           ) -> tuple[list[str], Path, dict[str, str]]:
+    """(command, folder to run it in, environment) of the JupyterLab server.
+    Learner: rooted in the working copy, lesson 01 opened, nbgrader's instructor parts off (learner_config).
+    Instructor: run in and rooted at the course root, where nbgrader_config.py is: Formgrader reads the config
+    of the server's working folder (autograder/nbgrader_config.py: the gradebook, the exchange) and needs the
+    course inside the server's root folder; every nbgrader part is on."""
+    if instructor:
+        cmd = jupyter_command(options, as_root=as_root, environ=environ, root_dir=course_root, default_url="/lab")
+        return cmd, course_root, server_env(environ)
+    cmd = jupyter_command(options, as_root=as_root, environ=environ, root_dir=work)
+    return cmd, work, server_env(environ, learner_config)
+
+
 def start(options: list[str]) -> int:
-    report = sync_work()
-    for line in report.lines(WORK):
-        say(line)
+    instructor = INSTRUCTOR in options
+    options = [o for o in options if o != INSTRUCTOR]
+    if not instructor:
+        for line in sync_work().lines(WORK):
+            say(line)
+        write_learner_config()
+    else:
+        # nbgrader's exchange (release/collect between accounts on one machine); Formgrader warns without it
+        EXCHANGE.mkdir(parents=True, exist_ok=True)
     as_root = running_as_root()
     if as_root:
         say("running as root (a container or cloud VM?): passing --allow-root to JupyterLab")
     write_terminal_rc()
-    cmd = jupyter_command(options, as_root=as_root)
-    say(f"opening JupyterLab in {WORK.name}/ (your working copy; stop it with Ctrl-C)")
-    env = server_env()
+    cmd, cwd, env = server(options, instructor=instructor, as_root=as_root)
+    if instructor:
+        say("opening JupyterLab in the repository root for the instructor: Nbgrader -> Formgrader shows the "
+            "gradebook autograder/gradebook.db (stop it with Ctrl-C)")
+    else:
+        say(f"opening JupyterLab in {WORK.name}/ (your working copy; stop it with Ctrl-C)")
     if os.name == "nt":
-        return subprocess.run(cmd, cwd=WORK, env=env).returncode
-    os.chdir(WORK)
+        return subprocess.run(cmd, cwd=cwd, env=env).returncode
+    os.chdir(cwd)
     os.execve(cmd[0], cmd, env)
     return 0  # not reached
+
+
+# ----------------------------------------------------------------------------- the website
+def book(options: list[str]) -> int:
+    """Build the website with Jupyter Book (book/build.py, run by .venv's python; its options pass through)."""
+    if subprocess.run([str(PY), "-c", "import jupyter_book"], cwd=ROOT, capture_output=True).returncode != 0:
+        say("installing Jupyter Book into .venv (the course's 'book' extra)")
+        _pip(["-e", ".[book]"], "the installer could not install Jupyter Book, see its message above: check the "
+                                "internet connection, then run the command again", what="installing Jupyter Book")
+    return subprocess.run([str(PY), str(ROOT / "book" / "build.py"), *options], cwd=ROOT).returncode
 
 
 # ----------------------------------------------------------------------------- main
@@ -345,6 +414,8 @@ def main(argv: list[str]) -> int:
         setup()
         if command == "start":
             return start(rest)
+        if command == "book":
+            return book(rest)
         # tests: CI and contributors; extra arguments go to pytest (e.g. -m "not slow")
         return subprocess.run([str(PY), "-m", "pytest", "-ra", *rest], cwd=ROOT).returncode
     except CourseError as e:

@@ -353,7 +353,7 @@ def cmd_public(dest: str) -> None:
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"DEST must be a new or empty folder, got {out}")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback",
-                                    ".ipynb_checkpoints")
+                                    ".ipynb_checkpoints", "work")
     for name in PUBLIC:
         src = ROOT / name
         if src.is_dir():

@@ -98,6 +98,7 @@ def record(course, exercise: Exercise, student: str, learner: dict, graded: Grad
             for g in nb.grades:
                 if g.name in graded.scores:
                     g.auto_score = graded.scores[g.name][0]
+                    g.needs_manual_grade = False     # scored here, as nbgrader's SaveAutoGrades marks autograded cells
         gb.db.commit()
 
 

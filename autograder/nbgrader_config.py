@@ -29,3 +29,7 @@ c.ExecutePreprocessor.timeout = 300
 c.Execute.interrupt_on_timeout = True
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.CsvExportPlugin.to = os.path.join(ROOT, "grades.csv")
+# nbgrader's exchange, where its release/collect buttons move notebooks between accounts on one machine: inside
+# the course (autograder/work/ is ignored by git) so that Formgrader finds it instead of warning that
+# /usr/local/share/nbgrader/exchange is missing. `python3 course.py start --instructor` creates the folder.
+c.Exchange.root = os.path.join(HERE, "work", "exchange")

@@ -127,6 +127,144 @@ def test_server_path_starts_with_the_course_environment():
     assert 'memlab-grade = "autograder.grade:main"' in (ROOT / "pyproject.toml").read_text()
 
 
+def test_learner_and_instructor_servers_differ_only_where_they_should(tmp_path):
+    env = {"PATH": "/usr/bin", "SHELL": "/bin/bash", "JUPYTER_CONFIG_PATH": "/theirs"}
+    cfg = course.write_learner_config(tmp_path / "cfg")
+    cmd, cwd, learner_env = course.server(["--port=9"], instructor=False, as_root=False, work=tmp_path / "w",
+                                          learner_config=cfg, environ=env)
+    assert cwd == tmp_path / "w" and f"--ServerApp.root_dir={tmp_path / 'w'}" in cmd and cmd[-1] == "--port=9"
+    assert learner_env["JUPYTER_CONFIG_PATH"].split(os.pathsep) == [str(cfg), "/theirs"]
+    server_cfg = json.loads((cfg / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
+    assert server_cfg == {name: False for name in course.NBGRADER_INSTRUCTOR_SERVER}
+    lab_cfg = json.loads((cfg / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
+    assert "@jupyter/nbgrader:formgrader" in lab_cfg and "@jupyter/nbgrader:validate-assignment" not in lab_cfg
+    cmd, cwd, inst_env = course.server([], instructor=True, as_root=False, course_root=tmp_path, environ=env)
+    assert cwd == tmp_path and f"--ServerApp.root_dir={tmp_path}" in cmd      # where nbgrader_config.py is
+    assert inst_env["JUPYTER_CONFIG_PATH"] == "/theirs"                       # nothing switched off
+    assert course.INSTRUCTOR not in cmd
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A JupyterLab server started as course.py starts it, on a free local port, with a known token."""
+
+    def __init__(self, tmp: Path, **kw):
+        import secrets
+        self.port, self.token = _free_port(), secrets.token_hex(16)
+        opts = ["--no-browser", f"--port={self.port}", "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={self.token}"]
+        # the user's own ~/.jupyter stays out of it
+        environ = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "jupyter-config"),
+                   "JUPYTER_RUNTIME_DIR": str(tmp / "jupyter-runtime")}
+        cmd, cwd, env = course.server(opts, as_root=course.running_as_root(), environ=environ, **kw)
+        self.log = open(tmp / f"server-{self.port}.log", "w")
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
+                                     headers={"Authorization": f"token {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def wait(self, timeout: float = 120) -> None:
+        import time
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            assert self.proc.poll() is None, f"JupyterLab exited: {Path(self.log.name).read_text()[-3000:]}"
+            try:
+                if self.get("/api/status")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"JupyterLab did not answer in {timeout} s: {Path(self.log.name).read_text()[-3000:]}")
+
+    def page_config(self) -> dict:
+        status, html = self.get("/lab")
+        assert status == 200, html[:500]
+        m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', html, re.S)
+        return json.loads(m.group(1))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.mark.slow
+def test_formgrader_lists_a_class_run_and_learners_do_not_get_it(tmp_path):
+    """After `memlab-grade class`, the instructor's server (`course.py start --instructor`) shows the graded
+    submissions in Formgrader, none flagged for manual grading (every cell is autograded), and no exchange
+    warning; a learner's server (`course.py start`) serves no Formgrader and loads no instructor plugin."""
+    from autograder import grade
+    from test_trusted_grading import A, make
+    root = tmp_path / "course"
+    drill = grade.drill_course(root)
+    subs = tmp_path / "submissions"
+    subs.mkdir()
+    (subs / "ada.ipynb").write_text(json.dumps(make(drill)))                            # full marks
+    (subs / "bob.ipynb").write_text(json.dumps(make(drill, storage=None, softmax=None)))  # as released: zero
+    res = grade.grade_class(subs, A, timeout=120, course=drill, jobs=2, log=lambda s: None)
+    assert not res.failed and set(res.graded) == {"ada", "bob"}
+    course.EXCHANGE.mkdir(parents=True, exist_ok=True)                  # as `start --instructor` does
+
+    srv = _Server(tmp_path, instructor=True, course_root=root)
+    try:
+        srv.wait()
+        status, body = srv.get(f"/formgrader/api/submissions/{A}")
+        assert status == 200, body[:1000]
+        rows = {r["student"]: r for r in json.loads(body)}
+        assert set(rows) == {"ada", "bob"} and all(r["autograded"] for r in rows.values())
+        assert (rows["ada"]["score"], rows["ada"]["max_score"], rows["bob"]["score"]) == (6.0, 6.0, 0.0)
+        assert not [s for s, r in rows.items() if r["needs_manual_grade"]], "autograded cells need no manual grade"
+        status, body = srv.get(f"/formgrader/api/submitted_notebooks/{A}/{A}")
+        notebooks = json.loads(body)
+        assert status == 200 and len(notebooks) == 2 and not any(n["needs_manual_grade"] for n in notebooks)
+        status, page = srv.get(f"/formgrader/submissions/{notebooks[0]['id']}/")     # the graded notebook opens
+        assert status == 200 and "task99_1_storage_bytes" in page, page[:1000]
+        status, page = srv.get("/formgrader/manage_assignments")
+        warnings = re.findall(r'<div class="alert alert-warning" id="(warning-[^"]+)">\s*(.*?)</div>', page, re.S)
+        assert status == 200 and not warnings, warnings                       # the exchange warning included
+        status, body = srv.get("/formgrader/api/assignments")
+        assert status == 200 and [a["name"] for a in json.loads(body)] == [A]
+        disabled = srv.page_config().get("disabledExtensions", [])
+        assert not [p for p in disabled if p.startswith("@jupyter/nbgrader")], disabled
+    finally:
+        srv.stop()
+
+    work = tmp_path / "my-work"
+    work.mkdir()
+    srv = _Server(tmp_path, instructor=False, work=work, learner_config=course.write_learner_config(tmp_path / "lc"))
+    try:
+        srv.wait()
+        for path in ("/formgrader", "/formgrader/api/assignments", "/formgrader/manage_assignments"):
+            assert srv.get(path)[0] == 404, f"a learner's server serves {path}"
+        import nbgrader
+        status, body = srv.get(f"/nbgrader_version?version={nbgrader.__version__}")   # Validate's server side stays
+        assert status == 200 and json.loads(body)["success"], body[:500]
+        disabled = srv.page_config().get("disabledExtensions", [])
+        assert set(course.NBGRADER_INSTRUCTOR_LAB) <= set(disabled), disabled
+        assert "@jupyter/nbgrader:validate-assignment" not in disabled
+    finally:
+        srv.stop()
+
+
 # ----------------------------------------------------------------------------- the working copy
 def _nb(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,220 @@
+"""The course's website (`python3 course.py book`, book/build.py): Jupyter Book's table of contents lists every
+lesson and exercise, its Colab links name the course's repository, the index is the README's syllabus; a build
+with one lesson executed has every page, figures that exist and load, internal links that resolve, an
+Open-in-Colab link per notebook page and no solution in the exercises. Checked with an HTML parser, and in headless
+Chromium where one is installed (Debian: apt-get install chromium; the `playwright` package drives it)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import yaml
+
+from _nb import ROOT
+
+BOOK = ROOT / "book"
+FAST_LESSON = "03"         # a lesson with figures that runs in about 25 s on 2 CPU cores
+
+
+def _build_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("course_book_build", BOOK / "build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+build = _build_module()
+
+
+def _slug() -> str:
+    import memlab
+    return memlab.REPO_SLUG
+
+
+# ----------------------------------------------------------------------------- the sources (fast)
+def test_toc_lists_every_lesson_and_exercise():
+    toc = yaml.safe_load((BOOK / "_toc.yml").read_text())
+    files = [ch["file"] for part in toc["parts"] for ch in part["chapters"]]
+    want = [p.removesuffix(".ipynb") for p in build.course_notebooks()]
+    assert sorted(files) == sorted(want), ("book/_toc.yml must list every notebook in lessons/ and exercises/: "
+                                           f"missing {sorted(set(want) - set(files))}, "
+                                           f"stale {sorted(set(files) - set(want))}")
+    assert toc["root"] == "index" and not any(f.startswith("solutions/") for f in files)
+
+
+def test_config_names_the_course_repository_for_colab():
+    cfg = yaml.safe_load((BOOK / "_config.yml").read_text())
+    assert cfg["repository"]["url"] == f"https://github.com/{_slug()}", "book/_config.yml and memlab.REPO_SLUG differ"
+    assert cfg["repository"]["branch"] == "main" and cfg["launch_buttons"]["colab_url"].startswith("https://colab")
+    assert cfg["execute"]["execute_notebooks"] == "cache" and cfg["execute"]["raise_on_error"] is True
+
+
+def test_index_is_the_readme_syllabus():
+    page = build.index_page((ROOT / "README.md").read_text(), "*built*")
+    assert page.startswith("# GPU Memory Lab") and "## Syllabus" in page and "## Start" not in page
+    for rel in build.course_notebooks():
+        assert f"]({rel})" in page, f"the syllabus does not link {rel}"
+    with pytest.raises(ValueError, match="Syllabus"):
+        build.index_page("# no syllabus here\n", "")
+
+
+def test_book_command_is_wired_into_course_py(capsys):
+    import course
+    assert "book" in course.COMMANDS
+    with pytest.raises(SystemExit):
+        build.main(["--execute", "42"])                       # no such lesson: argparse's error, exit 2
+    assert "no lesson numbered ['42']" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- a real build (slow)
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.links, self.ids = [], [], set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        if tag == "img" and a.get("src"):
+            self.imgs.append(a["src"])
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    if shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) is None:
+        msg = "Jupyter Book is not installed in this environment (pip install -e '.[book]')"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    out = tmp_path_factory.mktemp("book")
+    return build.build(out, [FAST_LESSON], log=lambda s: None)
+
+
+def _pages(html: Path) -> list[Path]:
+    return [html / "index.html"] + [html / (p.removesuffix(".ipynb") + ".html") for p in build.course_notebooks()]
+
+
+@pytest.mark.slow
+def test_every_page_is_built_with_its_images_links_and_colab_button(site):
+    pages = _pages(site)
+    missing = [p.relative_to(site).as_posix() for p in pages if not p.exists()]
+    assert not missing, f"pages not built: {missing}"
+    broken = []
+    for page in pages:
+        parsed = _parse(page)
+        for src in parsed.imgs:
+            if urlsplit(src).scheme in ("http", "https", "data"):
+                continue
+            if not (page.parent / unquote(urlsplit(src).path)).is_file():
+                broken.append(f"{page.relative_to(site)}: image {src}")
+        for href in parsed.links:
+            parts = urlsplit(href)
+            if parts.scheme or href.startswith("mailto:"):
+                continue
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                broken.append(f"{page.relative_to(site)}: link {href}")
+            elif parts.fragment and target.suffix == ".html" and parts.fragment not in _parse(target).ids:
+                broken.append(f"{page.relative_to(site)}: link {href} (no such anchor)")
+    assert not broken, "broken internal images or links:\n" + "\n".join(broken[:40])
+
+    for rel in build.course_notebooks():
+        page = site / (rel.removesuffix(".ipynb") + ".html")
+        colab = f"https://colab.research.google.com/github/{_slug()}/blob/main/{rel}"
+        assert colab in _parse(page).links, f"{page.relative_to(site)} has no Open-in-Colab link {colab}"
+    index_links = {(site / unquote(urlsplit(h).path)).resolve() for h in _parse(site / "index.html").links
+                   if not urlsplit(h).scheme and urlsplit(h).path}
+    assert {p.resolve() for p in pages[1:]} <= index_links, "the index (syllabus) links every lesson and exercise"
+
+
+@pytest.mark.slow
+def test_executed_lesson_has_its_figures_and_exercises_have_no_solutions(site):
+    lesson = next(site.glob(f"lessons/{FAST_LESSON}_*.html"))
+    figures = [s for s in _parse(lesson).imgs if "_images/" in s]
+    assert figures, f"{lesson.name}: no figure in the executed lesson"
+    for src in figures:
+        assert (lesson.parent / src).stat().st_size > 1000, f"{src} is not a real figure"
+    index = (site / "index.html").read_text()
+    assert f"lessons {FAST_LESSON}" in index, "the index says which lessons were run"
+    for page in site.glob("exercises/*/*.html"):
+        text = page.read_text()
+        assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text, f"{page.name} shows a solution"
+        assert "NotImplementedError" in text, f"{page.name} is not the released exercise"
+        assert 'class="output' not in text, f"{page.name}: exercises are shown without outputs"
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.slow
+def test_pages_render_their_figures_in_headless_chromium(site):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("no browser check: the `playwright` package is not installed (pip install playwright); the "
+                    "HTML parser checks above still ran")
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no browser check: no Chromium on this machine (Debian/Ubuntu: apt-get install chromium); the "
+                    "HTML parser checks above still ran")
+    problems, seen_figures = [], 0
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            failed: list[str] = []
+            page.on("requestfailed", lambda r: failed.append(r.url) if r.url.startswith("file:") else None)
+            for path in _pages(site):
+                failed.clear()
+                page.goto(path.as_uri(), wait_until="load")
+                imgs = page.evaluate("""() => Array.from(document.images).map(i => ({src: i.currentSrc || i.src,
+                                       ok: i.complete && i.naturalWidth > 0}))""")
+                for img in imgs:
+                    if img["src"].startswith("file:"):
+                        seen_figures += "/_images/" in img["src"]
+                        if not img["ok"]:
+                            problems.append(f"{path.relative_to(site)}: image did not render: {img['src']}")
+                problems += [f"{path.relative_to(site)}: could not load {u}" for u in failed]
+                title = page.title()
+                if not title or "404" in title:
+                    problems.append(f"{path.relative_to(site)}: no title ({title!r})")
+        finally:
+            browser.close()
+    assert not problems, "\n".join(problems[:40])
+    assert seen_figures, "no figure was rendered on any page"
+
+
+def test_staged_config_runs_only_the_lessons_asked_for(tmp_path):
+    """The staged config is what Jupyter Book reads: only the lessons asked for run, exercises never, and
+    --no-execute turns execution off."""
+    src = build.stage(tmp_path, [FAST_LESSON])
+    excluded = yaml.safe_load((src / "_config.yml").read_text())["execute"]["exclude_patterns"]
+    assert "exercises/*/*.ipynb" in excluded and f"lessons/{FAST_LESSON}_*" not in excluded
+    assert all(f"lessons/{n}_*" in excluded for n in build.lesson_numbers() if n != FAST_LESSON)
+    assert sorted(p.relative_to(src).as_posix() for p in src.rglob("*.ipynb")) == sorted(build.course_notebooks())
+    off = yaml.safe_load((build.stage(tmp_path, []) / "_config.yml").read_text())
+    assert off["execute"]["execute_notebooks"] == "off"
