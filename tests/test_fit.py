@@ -422,3 +422,26 @@ def test_step_in_backward_frees_each_gradient_and_paged_state_leaves_the_card():
             memlab.fit(MID, 1, seq=64, batch=2, **bad)
     with pytest.raises(TypeError, match="step_in_backward"):
         memlab.fit(MID, 1, seq=64, batch=2, step_in_backward="yes")
+
+
+def test_qlora_dequantization_is_counted_per_use_of_the_4_bit_base():
+    """2.5 bytes of DRAM traffic per quantized weight per use (read 4 bits, write 16): forward, the backward's input
+    gradient, and the recomputed forward under full checkpointing, in every micro-batch; none without QLoRA."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(load_config(MID))
+    linear = sum(m.weight.numel() for layer in hf.model.layers for m in layer.modules()
+                 if isinstance(m, torch.nn.Linear))                     # the weights QLoRA stores in 4 bits
+    cost = {(ck, mb): memlab.fit(MID, 1, seq=32, batch=2, method="qlora", checkpointing=ck,
+                                 micro_batch=mb).cost["dequant_bytes"] for ck in ("none", "full") for mb in (None, 1)}
+    assert cost[("none", None)] == pytest.approx(2.5 * linear * 2, rel=0.02)
+    assert cost[("full", None)] * 2 == cost[("none", None)] * 3        # a third use: the recomputed forward
+    assert cost[("full", 1)] == 2 * cost[("full", None)]                 # every micro-batch dequantizes again
+    assert memlab.fit(MID, 1, seq=32, batch=2, method="lora").cost["dequant_bytes"] == 0
+    assert extra_seconds_of(memlab.fit(MID, "L4-24GB", seq=32, batch=2, method="qlora")) > \
+        extra_seconds_of(memlab.fit(MID, "L4-24GB", seq=32, batch=2, method="lora"))
+
+
+def extra_seconds_of(r):
+    from memlab.fitting.search import extra_seconds
+    return extra_seconds(r)

@@ -245,7 +245,9 @@ class FitResult:
             lines.append(f"  extra cost per step: recompute {c['recompute_flops'] / 1e12:.2f} TFLOP, offload "
                          f"{format_bytes(c['offload_bytes'])} over PCIe, "
                          f"ZeRO/DP traffic {format_bytes(c['comm_bytes'])}"
-                         f" per rank, {c['steps_per_batch']} micro-batch(es)")
+                         f" per rank, {c['steps_per_batch']} micro-batch(es)"
+                         + (f", QLoRA dequantization {format_bytes(c['dequant_bytes'])} of DRAM traffic"
+                            if c.get("dequant_bytes") else ""))
         return "\n".join(lines)
 
 

@@ -149,10 +149,16 @@ def plan_cost(cfg, plan, info: dict) -> dict:
                        the gradients (reduce-scatter + all-gather = 2 x gradient bytes, the ZeRO paper's
                        2 Psi, section 7); ZeRO-3 adds a weight all-gather in the forward and one in the backward
                        (gradient bytes + 2 x weight bytes, the paper's 3 Psi for full fine-tuning); 0 on 1 GPU
+      dequant_bytes    QLoRA: the 4-bit base is dequantized before each use of a weight (bitsandbytes' matmul_4bit
+                       dequantizes to the 16-bit compute dtype, then multiplies): the kernel reads 0.5 byte per
+                       weight (plus its share of the absmax) and writes 2, memory traffic a 16-bit base does not
+                       have. Uses per micro-batch: the forward, the backward's input gradient, and the recomputed
+                       forward with checkpointing "full": 2.5 bytes x quantized weights (layer_params x layers)
+                       x uses x micro-batches, in the card's DRAM
       steps_per_batch  micro-batches per optimizer step
     """
     if plan.mode != "train":
-        return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "steps_per_batch": 1}
+        return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "dequant_bytes": 0, "steps_per_batch": 1}
     L, tokens = cfg.num_hidden_layers, plan.batch * plan.seq
     H = cfg.num_attention_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
@@ -163,5 +169,7 @@ def plan_cost(cfg, plan, info: dict) -> dict:
     offload = (4 * -(-info["trainable"] // N) + -(-grads // N)) if plan.offload else 0
     ring = (N - 1) / N
     comm = 0 if N == 1 else int(ring * (2 * grads if plan.zero < 3 else grads + 2 * info["weight_bytes"]))
+    uses = 2 + (plan.checkpointing == "full")
+    dequant = int(2.5 * info["layer_params"] * L * uses * plan.steps_per_batch) if plan.method == "qlora" else 0
     return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,
-            "steps_per_batch": plan.steps_per_batch}
+            "dequant_bytes": dequant, "steps_per_batch": plan.steps_per_batch}

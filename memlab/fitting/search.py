@@ -35,6 +35,7 @@ def extra_seconds(r: FitResult) -> float:
       + comm_bytes / NVLink bandwidth of one direction (PCIe where the card has no NVLink)
       + (steps_per_batch - 1) * 3 * weight bytes / DRAM bandwidth (each extra micro-batch reads the
         weights again in forward, backward and the gradient accumulation)
+      + dequant_bytes / DRAM bandwidth (QLoRA's dequantization of its 4-bit base before each use)
     Peak rates: real runs are slower, so these are lower bounds, good for ranking, not for timing.
     """
     s = _sheet(r.gpu)
@@ -44,7 +45,7 @@ def extra_seconds(r: FitResult) -> float:
     weights = r.model_states.get("parameters", 0) * r.plan["gpus"] if r.plan["zero"] == 3 else \
         r.model_states.get("parameters", 0)
     return (c["recompute_flops"] / flops + c["offload_bytes"] / (s.pcie_bandwidth / 2) + c["comm_bytes"] / link
-            + (c["steps_per_batch"] - 1) * 3 * weights / s.dram_bandwidth)
+            + ((c["steps_per_batch"] - 1) * 3 * weights + c.get("dequant_bytes", 0)) / s.dram_bandwidth)
 
 
 def _divisors_desc(n: int) -> list[int]:
