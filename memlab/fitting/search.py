@@ -26,7 +26,7 @@ def _sheet(gpu_name: str):
     return next((v for k, v in GPU_SPECS.items() if gpu_name.startswith(k)), GPU_SPECS["L4-24GB"])
 
 
-def extra_seconds(r: FitResult) -> float:
+def extra_seconds(r: FitResult, parts: bool = False):
     """The search's cost model: extra seconds per optimizer step a plan spends beside a plain step, from
     the data sheet of the GPU (`memlab.gpu_specs`; L4-24GB's figures for a GPU not listed there):
 
@@ -37,6 +37,7 @@ def extra_seconds(r: FitResult) -> float:
         weights again in forward, backward and the gradient accumulation)
       + dequant_bytes / DRAM bandwidth (QLoRA's dequantization of its 4-bit base before each use)
     Peak rates: real runs are slower, so these are lower bounds, good for ranking, not for timing.
+    With parts=True: {"recompute", "offload", "comm", "micro_batches", "dequant"} seconds instead of their sum.
     """
     s = _sheet(r.gpu)
     flops = (s.tf32_tensor or s.fp32) if r.plan["precision"] == "fp32" else (s.bf16_tensor or s.fp16_tensor)
@@ -44,8 +45,10 @@ def extra_seconds(r: FitResult) -> float:
     c = r.cost
     weights = r.model_states.get("parameters", 0) * r.plan["gpus"] if r.plan["zero"] == 3 else \
         r.model_states.get("parameters", 0)
-    return (c["recompute_flops"] / flops + c["offload_bytes"] / (s.pcie_bandwidth / 2) + c["comm_bytes"] / link
-            + ((c["steps_per_batch"] - 1) * 3 * weights + c.get("dequant_bytes", 0)) / s.dram_bandwidth)
+    out = {"recompute": c["recompute_flops"] / flops, "offload": c["offload_bytes"] / (s.pcie_bandwidth / 2),
+           "comm": c["comm_bytes"] / link, "micro_batches": (c["steps_per_batch"] - 1) * 3 * weights / s.dram_bandwidth,
+           "dequant": c.get("dequant_bytes", 0) / s.dram_bandwidth}
+    return out if parts else sum(out.values())
 
 
 def _divisors_desc(n: int) -> list[int]:

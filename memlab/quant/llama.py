@@ -100,6 +100,9 @@ def silence_libraries():
         lg = logging.getLogger(name)
         if not any(isinstance(f, _DropRecords) for f in lg.filters):
             lg.addFilter(_DropRecords())
+        # a filter sees only its own logger's records; the level also holds the modules' loggers below it
+        # (bitsandbytes.backends.cpu.ops warns at import when an optional CPU kernel package is missing)
+        lg.setLevel(max(lg.level, logging.ERROR))
     for module in ("bitsandbytes", "peft", "transformers", "accelerate", "deepspeed"):
         warnings.filterwarnings("ignore", module=module + r"(\..*)?")
     warnings.filterwarnings("ignore", message=r"MatMul8bitLt")
