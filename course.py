@@ -9,6 +9,7 @@
     python3 course.py book [--no-execute]          build the course's website (Jupyter Book) into
                                                    _build/book/_build/html (book/build.py --help)
     python3 course.py sync                         only bring my-work/ up to date (what start does first)
+    python3 course.py lock                         write constraints.txt from .venv: the versions tested
     python3 course.py help                         this text
 
 `start` passes its options (all but --instructor) to JupyterLab, for example on a remote machine or in a
@@ -32,8 +33,9 @@ Needs Python 3.10+ and pip. PyTorch is installed first, pinned; on Linux without
 CPU-only build from PyTorch's CPU index (a few hundred MB instead of several GB), falling back to the default
 index when that one cannot be reached. COURSE_TORCH overrides the choice (pip arguments, e.g.
 COURSE_TORCH="torch==2.13.0" for the default build, COURSE_TORCH="torch" for the newest). Then the course package
-with all its extras (pip install -e ".[all]"). With `uv` on the PATH (pip install uv), course.py installs with it,
-much faster; COURSE_INSTALLER=pip keeps pip.
+with all its extras (pip install -e ".[all]"), held to the versions in constraints.txt, the ones the course's tests
+ran with (COURSE_CONSTRAINTS=none installs the newest versions pyproject.toml allows). With `uv` on the PATH (pip
+install uv), course.py installs with it, much faster; COURSE_INSTALLER=pip keeps pip.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ STAMP = VENV / ".course-installed"
 WORK = ROOT / "my-work"            # the learner's working copy (.gitignore lists it)
 COPIED = ("lessons", "exercises")  # the folders copied into it
 MANIFEST = ".course-copies.json"   # in WORK: {path: sha256 of the course's file when it was copied}
+LOCK = ROOT / "constraints.txt"    # the versions the tests ran with (`course.py lock` writes it from .venv)
+UNLOCKED = ("torch", "triton", "nvidia-")   # PyTorch is pinned and chosen per machine (torch_choice)
 FIRST_LESSON = "lessons/01_memory_anatomy.ipynb"
-COMMANDS = ("start", "test", "sync", "book", "help")
+COMMANDS = ("start", "test", "sync", "book", "lock", "help")
 INSTRUCTOR = "--instructor"        # start's own option: nbgrader's instructor panels, in the repository root
 EXCHANGE = ROOT / "autograder" / "work" / "exchange"   # nbgrader's exchange (autograder/nbgrader_config.py)
 LEARNER_CONFIG = VENV / "course-learner-config"        # JUPYTER_CONFIG_PATH of a learner's server
@@ -182,8 +186,10 @@ def setup() -> None:
                           f"on another machine?): remove it (rm -rf .venv) and run the command again")
     if not VENV.exists():
         _make_venv()
-    key = f"{TORCH or TORCH_PIN}|{EXTRAS}"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + key.encode()).hexdigest()
+    locked = LOCK.exists() and os.environ.get("COURSE_CONSTRAINTS") != "none"
+    key = f"{TORCH or TORCH_PIN}|{EXTRAS}|{locked}"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + (LOCK.read_bytes() if locked else b"")
+                          + key.encode()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == want:
         return
     if not _has_pip():
@@ -198,11 +204,39 @@ def setup() -> None:
          what="installing PyTorch")
     say(f"[3/3] installing the course and its tools (-e \".[{EXTRAS}]\"): JupyterLab, nbgrader, transformers, "
         f"DeepSpeed, peft, bitsandbytes and their dependencies, about 1 GB more")
-    _pip(["-e", f".[{EXTRAS}]"], "the installer could not install the course's packages, see its message above: "
-                                 "check the internet connection and free disk space, then run the command again "
-                                 "(finished downloads are cached)", what="installing the course's packages")
+    _pip(["-e", f".[{EXTRAS}]", *(["-c", str(LOCK)] if locked else [])],
+         "the installer could not install the course's packages, see its message above: check the internet "
+         "connection and free disk space, then run the command again (finished downloads are cached)",
+         what="installing the course's packages")
     STAMP.write_text(want)
     say(f"ready: .venv holds {_size(VENV) / 2**30:.1f} GiB")
+
+
+def lock_lines(freeze: str) -> list[str]:
+    """`pip freeze` output as constraints: name==version lines, sorted, without PyTorch and its CUDA packages
+    (course.py pins and chooses those per machine), editable installs or local paths."""
+    out = []
+    for line in freeze.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "-e")) or "==" not in line or " @ " in line:
+            continue
+        name = line.split("==")[0].lower().replace("_", "-")
+        if name.startswith(UNLOCKED) or name == "gpu-memory-lab":
+            continue
+        out.append(line)
+    return sorted(out, key=str.lower)
+
+
+def write_lock() -> Path:
+    """constraints.txt from what .venv holds now: run it after the tests pass on a fresh environment."""
+    if not PY.exists():
+        raise CourseError("no .venv yet: run `python3 course.py test` first, then lock what it tested")
+    freeze = subprocess.run([str(PY), "-m", "pip", "freeze", "--exclude-editable"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    LOCK.write_text("# The versions GPU Memory Lab's tests ran with (python3 course.py lock writes this file from\n"
+                    "# .venv). course.py installs with `-c constraints.txt`; PyTorch is pinned in course.py.\n"
+                    + "\n".join(lock_lines(freeze)) + "\n")
+    return LOCK
 
 
 # ----------------------------------------------------------------------------- the working copy
@@ -410,6 +444,13 @@ def main(argv: list[str]) -> int:
         for line in sync_work().lines(WORK) or [f"{WORK.name}/ is up to date"]:
             say(line)
         return 0
+    if command == "lock":
+        try:
+            say(f"wrote {write_lock().name} ({len(lock_lines(LOCK.read_text()))} pinned packages)")
+            return 0
+        except CourseError as e:
+            print(f"course.py: {e}", file=sys.stderr)
+            return 1
     try:
         setup()
         if command == "start":

@@ -331,8 +331,8 @@ def cmd_class(submissions: str, assignment: str, timeout: float, jobs: int, memo
         sys.exit(1)
 
 
-PUBLIC = ["README.md", "course.py", "pyproject.toml", "environment.yml", "nbgrader_config.py", "memlab", "lessons",
-          "exercises", "autograder", "benchmarks", ".gitignore"]
+PUBLIC = ["README.md", "course.py", "pyproject.toml", "constraints.txt", "environment.yml", "nbgrader_config.py",
+          "memlab", "lessons", "exercises", "autograder", "benchmarks", ".gitignore"]
 
 
 # the README sections a learner's copy keeps (by their "## " heading); the rest is for contributors and instructors

@@ -468,3 +468,42 @@ def test_a_long_install_says_it_is_still_working(monkeypatch, capsys):
     monkeypatch.setattr(course.subprocess, "Popen", QuickWait)
     course._pip(["x"], "hint", what="installing PyTorch")
     assert "still installing PyTorch" in capsys.readouterr().out
+
+
+def test_lock_keeps_pinned_lines_without_pytorch_or_local_installs():
+    freeze = ("torch==2.13.0+cpu\nnvidia-cublas-cu12==12.4.5.8\ntriton==3.1.0\nZebra==1.0\n-e git+https://x#egg=y\n"
+              "gpu_memory_lab==0.1.0\nlocal @ file:///tmp/local\naccelerate==1.15.0\n# a comment\n")
+    assert course.lock_lines(freeze) == ["accelerate==1.15.0", "Zebra==1.0"]
+
+
+def test_the_lock_is_what_the_tests_run_with():
+    """constraints.txt names the versions installed here (course.py installs with it): a package upgraded by hand
+    without `course.py lock` shows up as a difference, so the lock never claims versions no test ran."""
+    from importlib.metadata import PackageNotFoundError, version
+    pins = [line.split("==") for line in course.LOCK.read_text().splitlines() if line and not line.startswith("#")]
+    assert pins and all(len(p) == 2 for p in pins), "constraints.txt holds name==version lines"
+    assert not any(n.lower().startswith(course.UNLOCKED) for n, _ in pins), "PyTorch is pinned by course.py"
+    differ = []
+    for name, want in pins:
+        try:
+            got = version(name)
+        except PackageNotFoundError:
+            continue                       # a package of another platform's environment
+        if got != want:
+            differ.append(f"{name}: installed {got}, locked {want}")
+    assert not differ, "installed versions differ from constraints.txt (run python3 course.py lock after the " \
+        "tests pass): " + "; ".join(differ[:10])
+
+
+def test_setup_installs_with_the_lock(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(course, "_pip", lambda args, hint, what="": calls.append(args))
+    monkeypatch.setattr(course, "STAMP", tmp_path / "stamp")
+    monkeypatch.setattr(course, "_has_pip", lambda: True)
+    monkeypatch.setattr(course, "torch_choice", lambda: (["torch==2.13.0"], "test"))
+    monkeypatch.setattr(course, "_size", lambda p: 0)
+    course.setup()
+    assert calls[-1] == ["-e", ".[all]", "-c", str(course.LOCK)]
+    monkeypatch.setenv("COURSE_CONSTRAINTS", "none")
+    course.setup()                          # the key changed: installs again, unlocked
+    assert calls[-1] == ["-e", ".[all]"]
