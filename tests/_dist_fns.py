@@ -82,3 +82,38 @@ def tracked_alloc(n_elems):
     t = torch.ones(8)
     dist.all_reduce(t)
     return keep.numel()
+
+
+def deepspeed_model_states(stage, steps=2):
+    """A tiny Llama (transformers, from a config) trained `steps` steps under DeepSpeed ZeRO `stage` with bf16 and
+    torch's AdamW on this rank; what this rank holds after the last step, read from DeepSpeed's own objects:
+    {"parameters": its 16-bit weights (the partitions at stage 3), "masters": its fp32 partition,
+    "moments": AdamW's exp_avg and exp_avg_sq, "n_params": ...}. Every parameter is partitioned at stage 3
+    (stage3_param_persistence_threshold 0: DeepSpeed keeps parameters below 1e5 elements whole by default)."""
+    from transformers import LlamaForCausalLM
+    from memlab import zero_train as zt
+    from memlab.core.models import tiny_llama_config
+    deepspeed = zt.quiet_deepspeed()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config())
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": 2**17, "allgather_bucket_size": 2**17,
+                                    "stage3_prefetch_bucket_size": 2**17, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for step in range(steps):
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(step))
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    opt = engine.optimizer
+    nbytes = lambda ts: sum(t.untyped_storage().nbytes() for t in {t.untyped_storage()._cdata: t for t in ts}.values())  # noqa: E731
+    if stage == 3:
+        params = nbytes(p.ds_tensor for p in engine.module.parameters())
+        masters = nbytes(opt.fp32_partitioned_groups_flat)
+    else:
+        params = nbytes(p for p in engine.module.parameters())
+        masters = nbytes(opt.single_partition_of_fp32_groups)
+    moments = nbytes(v for st in opt.optimizer.state.values() for k, v in st.items()
+                     if k in ("exp_avg", "exp_avg_sq"))
+    return {"parameters": params, "masters": masters, "moments": moments,
+            "n_params": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in engine.module.parameters())}

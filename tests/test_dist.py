@@ -360,3 +360,25 @@ def test_hsdp_run_shards_inside_its_group_and_all_reduces_across_replicas():
         assert abs(payload["all_reduce"] - 4 * psi / 2) < 0.01 * 2 * psi       # the fp32 gradient shard
         assert "all_reduce" not in f["comm"]
         assert abs(h["loss"] - f["loss"]) < 1e-3 * abs(f["loss"]), "HSDP must train the same maths as FSDP"
+
+
+@pytest.mark.slow
+def test_fit_holds_what_a_real_deepspeed_run_holds_per_rank():
+    """memlab.fit's per-rank model states under ZeRO 1, 2 and 3 on 2 ranks against DeepSpeed itself on 2 gloo
+    ranks (a tiny transformers Llama, bf16 with fp32 masters, torch AdamW): the 16-bit weights each rank keeps
+    (all of them, or its partition at stage 3) and the optimizer's partition (fp32 masters + two moments). fit
+    rounds every tensor up to 512 bytes, as the allocator does: the tolerance is that rounding."""
+    import memlab
+    from transformers import LlamaForCausalLM
+    from memlab.core.models import tiny_llama_config
+    with torch.device("meta"):
+        slack = 512 * len(list(LlamaForCausalLM(tiny_llama_config()).parameters()))
+    with RankGroup(2, timeout=300, preload=DS_PRELOAD) as g:
+        real = {s: g.run(fns.deepspeed_model_states, s) for s in (1, 2, 3)}
+    for s, ranks in real.items():
+        r = memlab.fit(tiny_llama_config(), "A100-80GB", precision="mixed", zero=s, gpus=2, batch=2, seq=32)
+        for got in ranks:
+            assert got["n_params"] == r.n_params
+            assert 0 <= r.model_states["parameters"] - got["parameters"] <= slack, (s, got, r.model_states)
+            assert 0 <= r.model_states["optimizer"] - (got["masters"] + got["moments"]) <= 3 * slack, \
+                (s, got, r.model_states)
