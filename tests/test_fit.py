@@ -285,12 +285,6 @@ def test_fit_equals_a_plain_transformers_step(family, method, checkpointing):
     seq = 128
     trk = _plain_step(FAMILIES[family], seq, method, checkpointing)
     r = memlab.fit(FAMILIES[family], 1, seq=seq, method=method, checkpointing="full" if checkpointing else "none")
-    if family == "gemma2-eager" and method == "full":
-        # one 512-byte block more on the virtual GPU in forward and backward, none in the step (not found yet:
-        # 0.02% here); held to it, so that any other change shows
-        gaps = [r.by_phase[ph] - trk.phase_peaks[ph]["total"] for ph in ("forward", "backward", "step")]
-        assert gaps == [512, 512, 0], gaps
-        return
     assert r.peak == trk.peak, f"{family} {method}: fit {r.peak} vs a real step {trk.peak}"
     assert r.by_category == trk.peak_breakdown
     if method == "full":   # bf16, each tensor rounded to 512 bytes as the allocator and the tracker round
@@ -324,9 +318,10 @@ def test_offload_keeps_only_the_16_bit_weights_and_the_bucket_on_the_gpu():
 
 
 def test_what_cannot_run_says_so_in_one_line():
-    t5 = dict(model_type="t5", vocab_size=256, d_model=64, num_layers=2, num_heads=4, d_ff=128, d_kv=16)
-    with pytest.raises(ValueError, match="'t5' is not a causal language model") as e:
-        memlab.fit(t5, 1, seq=64)
+    speech = dict(model_type="wav2vec2", vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4)
+    with pytest.raises(ValueError, match="'wav2vec2'.*is not a causal language model") as e:
+        memlab.fit(speech, 1, seq=64)
     assert "\n" not in str(e.value)
 
 

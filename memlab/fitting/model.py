@@ -1,15 +1,14 @@
-"""The step `memlab.fit` runs on the virtual GPU: any Hugging Face causal LM built from its config,
-set up for full, LoRA or QLoRA fine-tuning, with its optimizer, and one training step (or a prefill).
+"""The step `memlab.fit` runs on the virtual GPU: a Hugging Face model built from its config
+(`memlab/fitting/architectures.py` says which model and which step), set up for full, LoRA or QLoRA fine-tuning,
+with its optimizer, and one steady-state training step (or a prefill / forward).
 
 The model is made on the meta device and then given storage on the current default device (inside
-`VirtualGPU.run` that is fake storage), as `memlab.llama.finetune_llama` does for Llama; this module
-does the same for any `AutoModelForCausalLM` config and reuses its pieces (`give_storage`,
-`memlab.quant.Linear4bitStandIn`).
+`VirtualGPU.run` that is fake storage), as `memlab.llama.finetune_llama` does for Llama, reusing its pieces
+(`give_storage`, `memlab.quant.Linear4bitStandIn`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 
@@ -20,19 +19,19 @@ from ..quant.llama import give_storage, silence_libraries
 from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
 from ..core.virtual_gpu import cuda_autocast
+from .architectures import (DECODER_DEPTH, HEAD_MODULES, KINDS, PEFT_TASK, TASKS, _get, _null,  # noqa: F401
+                            build_causal_lm, build_model, cut_layers, decoder_layers, grouped_mm_any_dtype,
+                            layer_stacks, model_depth, model_task, task_inputs, unpacked_sequences)
 
-__all__ = ["AdamW8bitStandIn", "cut_layers", "fit_step", "precision_dtype", "selective_policy"]
+__all__ = ["AdamW8bitStandIn", "cut_layers", "fit_step", "layer_stacks", "model_task", "precision_dtype",
+           "selective_policy"]
 
 
 # ----------------------------------------------------------------------------- the model's size and dtype
-def cut_layers(cfg, layers: int):
-    """A copy of cfg with `layers` decoder layers (per-layer lists cut to match)."""
-    c = copy.deepcopy(cfg)
-    c.num_hidden_layers = layers
-    if isinstance(getattr(c, "layer_types", None), list):
-        c.layer_types = c.layer_types[:layers]
-    c.use_cache = False
-    return c
+
+
+
+
 
 
 def precision_dtype(precision: str) -> torch.dtype:
@@ -162,64 +161,50 @@ def _linear_shape(m):
     return None
 
 
-def build_causal_lm(cfg, attention: str):
-    """transformers' AutoModelForCausalLM for `cfg` with the model's own attention path: `attention` ("sdpa" or
-    "eager"), or eager where the architecture has no sdpa path (Gemma-2 in transformers 5). Anything that is not
-    a causal language model here fails in one line naming the architecture and what is supported."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-    kind = getattr(cfg, "model_type", "?")
-    for impl in dict.fromkeys((attention, "eager")):
-        cfg._attn_implementation = impl
-        try:
-            return AutoModelForCausalLM.from_config(cfg)
-        except ValueError as e:
-            if "attention implementation" in str(e) and impl != "eager":
-                continue                     # no sdpa path for this architecture: its eager one
-            if "Unrecognized configuration class" in str(e):
-                raise ValueError(f"model: {kind!r} is not a causal language model in transformers "
-                                 f"{transformers.__version__} (memlab.fit runs the AutoModelForCausalLM "
-                                 f"architectures: decoder-only models such as Llama, Mistral, Qwen, Gemma, Phi, GPT-2, "
-                                 f"Falcon, Mixtral; encoder-decoder models such as T5 and encoder-only "
-                                 f"classifiers are not supported yet)"
-                                 ) from None
-            raise ValueError(f"model: transformers could not build {kind!r} from this config: {e}") from None
-        except (KeyError, AttributeError, TypeError) as e:
-            raise ValueError(f"model: transformers could not build {kind!r} from this config "
-                             f"({type(e).__name__}: {e})") from None
-    raise AssertionError("not reached")
 
 
-def decoder_layers(model) -> nn.ModuleList:
-    """The model's stack of decoder layers, found generically: the ModuleList with num_hidden_layers entries."""
-    n = model.config.num_hidden_layers
-    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n]
-    if not stacks:
-        raise ValueError(f"model: no stack of {n} layers found in {type(model).__name__} (memlab.fit needs the "
-                         f"decoder layers as one nn.ModuleList, as transformers' decoder-only models have them)")
-    return stacks[0]
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     """The model on the meta device (shapes only; build it outside FakeTensorMode: some models make
     tensors in __init__), to be given storage by `materialise`. Returns (model, info):
-    info = {"n_params": base parameters, "layer_params": one decoder layer's, "trainable": trainable}.
+    info = {"n_params": base parameters, "layer_params": one layer of each stack, "trainable": trainable}.
 
     full: every parameter in `dtype`, trainable. lora: frozen base in `dtype`, peft LoRA adapters (fp32,
-    peft's default) of rank r on every linear layer but the output head (target_modules="all-linear").
+    peft's default) of rank r on every linear layer but the output head (target_modules="all-linear"; peft's
+    task type for the model's task; a classifier's head is trained whole instead, `HEAD_MODULES`).
     qlora: as lora, every adapted linear's base as an NF4 Linear4bitStandIn computing in `dtype`, the rest
     (embeddings, norms, head) in fp32 as peft.prepare_model_for_kbit_training leaves it."""
     silence_libraries()
     cfg = copy.deepcopy(cfg)
+    if _get(cfg, "problem_type") is None and model_task(cfg) in ("seq-cls", "image-cls"):
+        # what transformers' classifiers (and the Trainer) settle on for these labels on the first forward; set
+        # before it, as some (DeBERTa-v2) otherwise select the labelled rows with a data-dependent nonzero()
+        cfg.problem_type = "regression" if getattr(cfg, "num_labels", 2) == 1 else "single_label_classification"
     with torch.device("meta"):
-        model = build_causal_lm(cfg, attention)
-        layers = decoder_layers(model)
+        model, task = build_model(cfg, attention)
+        model._memlab_task = task
+        stacks = layer_stacks(model)
         info = {"n_params": sum(p.numel() for p in model.parameters()),
-                "layer_params": sum(p.numel() for p in layers[0].parameters())}
+                "layer_params": sum(p.numel() for st in stacks for p in st[0].parameters())}
         if method != "full":
             from peft import LoraConfig, get_peft_model
+            head = {} if task not in ("seq-cls", "image-cls") else \
+                {"exclude_modules": HEAD_MODULES, "modules_to_save": ["classifier"]}
             lc = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, bias="none", target_modules="all-linear",
-                            task_type="CAUSAL_LM")
+                            task_type=PEFT_TASK[task], **head)
             model = get_peft_model(model, lc)
     if method == "qlora":
         for m in list(model.modules()):
@@ -230,25 +215,61 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
                     cls = _Linear4bitBiasStandIn if bias else Linear4bitStandIn
                     setattr(m, cname, cls(i, o, compute_dtype=dtype, quant_dtype=dtype, device="meta"))
     info["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model._memlab_unused = _unreached(model)
     return model, info
+
+
+def _unreached(model) -> frozenset:
+    """Names of the trainable parameters the task's loss does not reach: they get no gradient in a real step, so
+    AdamW keeps no state for them (the cross-attention of BART's decoder run as a causal LM). Found from the
+    autograd graph of one forward of a 2-token batch on the meta device, where nothing is allocated or counted;
+    none if the model cannot run on meta."""
+    try:
+        with torch.device("meta"), unpacked_sequences():
+            loss = model(**task_inputs(model, 1, 2)).loss
+    except Exception:                    # a model that reads values while it runs: every parameter is reached
+        return frozenset()
+    reached, todo, seen = set(), [loss.grad_fn], set()
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if hasattr(fn, "variable"):
+            reached.add(id(fn.variable))
+        todo += [f for f, _ in fn.next_functions]
+    return frozenset(n for n, p in model.named_parameters() if p.requires_grad and id(p) not in reached)
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest: torch.dtype = torch.float32):
     """Give a `skeleton` storage on the current default device (fake inside VirtualGPU.run): trainable
-    parameters in `dtype` (full) or fp32 adapters, frozen ones in `dtype` (`rest` outside the 4-bit layers
-    for qlora: fp32 by default); checkpointing "full" (every decoder layer) or "selective" (`selective_policy`)."""
+    parameters in `dtype` (full) or fp32 adapters (and, for a classifier, peft's trainable copy of its head in
+    `dtype`), frozen ones in `dtype` (`rest` outside the 4-bit layers for qlora: fp32 by default); checkpointing
+    "full" (every repeated layer) or "selective" (`selective_policy`)."""
     other = rest if method == "qlora" else dtype
 
     def dtype_of(mname, p):
         adapter = ".lora_" in f".{mname}"
-        return (torch.float32 if adapter else other), adapter or method == "full"
+        return (torch.float32 if adapter else other), method == "full" or p.requires_grad
     give_storage(model, dtype_of)
+    for m in model.modules():       # floating buffers (BART's final_logits_bias) in the weights' dtype, as
+        if not isinstance(m, Linear4bitStandIn):     # model.to(dtype) and from_pretrained(dtype=...) leave them
+            for name, b in m._buffers.items():
+                if b is not None and b.is_floating_point() and b.dtype != other:
+                    m._buffers[name] = b.to(other)
     if checkpointing != "none":
         kw = {"use_reentrant": False}
         if checkpointing == "selective":
             from torch.utils.checkpoint import create_selective_checkpoint_contexts
             kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = _base(model)
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            raise ValueError(f"checkpointing: {base.config.model_type!r} ({type(base).__name__}) does not support "
+                             f"gradient checkpointing in transformers; use checkpointing='none'")
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
     return model
 
@@ -259,14 +280,13 @@ def _nbytes(ps) -> int:
 
 
 def _sizes(model) -> dict:
-    """Byte sizes ZeRO-3 and offload need: one decoder layer's tensors, the biggest single parameter, the
+    """Byte sizes ZeRO-3 and offload need: the largest layer's tensors, the biggest single parameter, the
     trainable parameters' bytes and element size."""
-    layers = decoder_layers(model)
+    layers = [list(st[0].parameters()) + list(st[0].buffers()) for st in layer_stacks(model)]
     params = list(model.parameters())
     train = [p for p in params if p.requires_grad]
-    layer = list(layers[0].parameters()) + list(layers[0].buffers())
-    return {"gather_bytes": max(_nbytes(layer), max(_nbytes([p]) for p in params)),
-            "gather_grad_bytes": max(_nbytes([p for p in layer if p.requires_grad]),
+    return {"gather_bytes": max(max(_nbytes(ly) for ly in layers), max(_nbytes([p]) for p in params)),
+            "gather_grad_bytes": max(max(_nbytes([p for p in ly if p.requires_grad]) for ly in layers),
                                      max((_nbytes([p]) for p in train), default=0)),
             "grad_elem_bytes": train[0].element_size() if train else 2,
             "trainable_bytes": _nbytes(train), "weight_bytes": _nbytes(params) + _nbytes(model.buffers())}
@@ -275,13 +295,52 @@ def _sizes(model) -> dict:
 def fit_step(model, info: dict, plan) -> dict:
     """One steady-state training step (plan.mode="train": the optimizer's state made first, as the first step
     makes it, then min(2, steps_per_batch) micro-batches of forward and backward - the second one runs beside
-    the accumulated gradients - then the optimizer step) or one
-    prefill (mode="inference": no_grad forward of (batch, seq) tokens with a KV cache, the logits of the
-    last token only, as generate() computes them). Phases: "forward", "backward", "step". Returns the
-    model's info plus "states": parameters/gradients/optimizer bytes just after the optimizer step.
+    the accumulated gradients - then the optimizer step) or one inference pass (mode="inference": a causal LM's
+    prefill of (batch, seq) tokens into a KV cache with the logits of the last token only, as generate()
+    computes them; a seq2seq model's encoder and first decoder step; a classifier's no_grad forward). The batch
+    is the model's task's (`task_inputs`). Phases: "forward", "backward", "step". Returns the model's info plus
+    "states": parameters/gradients/optimizer bytes just after the optimizer step.
     `model` is a `skeleton` (each call needs a fresh one: it is given storage here)."""
-    with unpacked_sequences():
-        return _fit_step(model, info, plan)
+    task = getattr(model, "_memlab_task", "causal")
+    if getattr(plan, "loss", "full") == "chunked" and task != "causal":
+        raise ValueError(f"loss='chunked' is for causal language models; {model.config.model_type!r} runs a "
+                         f"{task} step: use loss='full'")
+    with unpacked_sequences(), grouped_mm_any_dtype(model):
+        try:
+            return _fit_step(model, info, plan)
+        except (AttributeError, KeyError) as e:      # a config without a field its model reads (T5's start token)
+            raise ValueError(f"model: transformers could not run {model.config.model_type!r} from this config "
+                             f"({type(e).__name__}: {e})") from None
+
+
+
+
+
+
+def _forward_loss(model, batch: dict, plan):
+    if getattr(plan, "loss", "full") == "chunked":
+        return chunked_causal_lm_loss(model, batch["input_ids"])
+    return model(**batch).loss
+
+
+def _inference(model, info: dict, plan, autocast) -> dict:
+    """mode="inference": the KV cache outlives the forward (the tracker calls it activations)."""
+    model.eval()
+    watch(model)
+    task = getattr(model, "_memlab_task", "causal")
+    batch = task_inputs(model, plan.batch, plan.seq, labels=False)
+    kw = {}
+    if task in ("causal", "seq2seq"):
+        model.config.use_cache = True
+        kw["use_cache"] = True
+    if task == "causal":
+        kw["logits_to_keep"] = 1
+    if task == "seq2seq":      # the encoder over seq tokens, then the decoder's first step (its cache)
+        kw["decoder_input_ids"] = torch.zeros(plan.batch, 1, dtype=torch.long)
+    with torch.no_grad(), phase("forward"), (autocast or _null()):
+        out = model(**batch, **kw)
+    del out
+    return info
 
 
 def _fit_step(model, info: dict, plan) -> dict:
@@ -292,16 +351,8 @@ def _fit_step(model, info: dict, plan) -> dict:
         model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none", rest)
         info.update(_sizes(model))
     autocast = cuda_autocast(torch.bfloat16) if plan.precision == "amp" else None
-    V = model.config.vocab_size
-    if plan.mode == "inference":     # the KV cache outlives the forward: the tracker calls it activations
-        model.eval()
-        watch(model)
-        model.config.use_cache = True
-        x = torch.randint(0, V, (plan.batch, plan.seq))
-        with torch.no_grad(), phase("forward"), (autocast or _null()):
-            out = model(input_ids=x, use_cache=True, logits_to_keep=1)
-        del out
-        return info
+    if plan.mode == "inference":
+        return _inference(model, info, plan, autocast)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if getattr(plan, "step_in_backward", False):
         return _step_in_backward(model, trainable, info, plan, autocast)
@@ -311,21 +362,20 @@ def _fit_step(model, info: dict, plan) -> dict:
     # every step after the first runs its forward and backward beside the optimizer's state, which the first
     # step creates: one step on zero gradients makes it now, so the phases below are the steady state's
     # (tests/test_fit.py checks this against two real steps)
+    unreached = getattr(model, "_memlab_unused", frozenset())
     with phase("step"):
-        for p in trainable:
-            p.grad = torch.zeros_like(p)
+        for name, p in model.named_parameters():
+            if p.requires_grad and name not in unreached:
+                p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=True)
     for i in range(min(2, plan.steps_per_batch)):
-        x = torch.randint(0, V, (plan.micro, plan.seq))
+        batch = task_inputs(model, plan.micro, plan.seq)
         with phase("forward"), (autocast or _null()):
-            if getattr(plan, "loss", "full") == "chunked":
-                loss = chunked_causal_lm_loss(model, x)
-            else:
-                loss = model(input_ids=x, labels=x).loss
+            loss = _forward_loss(model, batch, plan)
         with phase("backward"):
             loss.backward()
-        del loss, x
+        del loss, batch
     watch(tensors=[p.grad for p in trainable if p.grad is not None], category="gradients")
     with phase("step"):
         opt.step()
@@ -349,15 +399,13 @@ def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
         opts[p].step()
         opts[p].zero_grad(set_to_none=True)
     hooks = [p.register_post_accumulate_grad_hook(step_now) for p in trainable]
-    V = model.config.vocab_size
     for _ in range(2):
-        x = torch.randint(0, V, (plan.micro, plan.seq))
+        batch = task_inputs(model, plan.micro, plan.seq)
         with phase("forward"), (autocast or _null()):
-            loss = chunked_causal_lm_loss(model, x) if getattr(plan, "loss", "full") == "chunked" else \
-                model(input_ids=x, labels=x).loss
+            loss = _forward_loss(model, batch, plan)
         with phase("backward"):
             loss.backward()
-        del loss, x
+        del loss, batch
     for h in hooks:
         h.remove()
     trk = active_trackers()
@@ -373,7 +421,7 @@ def chunked_causal_lm_loss(model, x, chunks: int = LOSS_CHUNKS):
     """Next-token cross-entropy of a causal LM with the output head applied chunk by chunk along the sequence, each
     chunk's logits upcast to fp32 on their own (torchtune's CEWithChunkedOutputLoss): no (B, T, V) logits tensor,
     fp32 or 16-bit, is ever whole. The mean over the B x (T - 1) predicted tokens, as HF's loss with labels=x."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     h = base.get_decoder()(input_ids=x).last_hidden_state[:, :-1]      # (B, T-1, C): positions that predict
     y = x[:, 1:]                                                        # (B, T-1): the next tokens
     head = base.get_output_embeddings()
@@ -384,30 +432,11 @@ def chunked_causal_lm_loss(model, x, chunks: int = LOSS_CHUNKS):
     return total / y.numel()
 
 
-@contextlib.contextmanager
-def unpacked_sequences():
-    """While the step runs: transformers' check for packed sequences (several sequences in one row, found from
-    position_ids) answers "none", as it does for the full, unpadded rows `fit` runs - with the same temporaries.
-    Without this, fake tensors look like a trace to transformers, which then assumes packing and builds a
-    (B, 1, T, T) mask that the real run never builds. Masks a real run does build (sliding windows, models that
-    always build one) are built as the model builds them."""
-    import transformers.masking_utils as mu
-    real = mu.find_packed_sequence_indices
-
-    def none_packed(position_ids):
-        first = position_ids[:, :1] - 1
-        (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
-        return None
-    mu.find_packed_sequence_indices = none_packed
-    try:
-        yield
-    finally:
-        mu.find_packed_sequence_indices = real
 
 
-class _null:
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
+
+
+
+
+

@@ -58,13 +58,13 @@ def measure(cfg, plan) -> dict:
     The allocator's overhead does not grow linearly with depth (fragmentation settles over several layers), so
     it is not extended: `fit` scales its peak by that run's reserved / allocated (checked against full-depth
     replays in benchmarks/fit.md: 0 to 6% above them, never below, on the plans tried)."""
-    from .model import cut_layers, fit_step, precision_dtype, skeleton
+    from .model import cut_layers, fit_step, model_depth, precision_dtype, skeleton
     from ..core.virtual_gpu import VirtualGPU
     key = (cfg.to_json_string(use_diff=False), _run_key(plan))
     if key in _CACHE:
         return _CACHE[key]
     rp = key[1]
-    L = cfg.num_hidden_layers
+    L = model_depth(cfg)
     gpu = VirtualGPU(capacity_gb=2**20)
     runs = []
     ks = (BASE, BASE + 1) if L > BASE else (L,)
