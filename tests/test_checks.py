@@ -35,7 +35,7 @@ KINDS = ("visible", "hidden")
 SLOW_TASKS = {
     "task0_3_copy_bandwidth", "task2_4_checkpointed_gpt", "task4_1_big_batch", "task4_2_eval_no_grad",
     "task4_3_accumulated_loss", "task4_4_optimizer_step", "task6_1_sharded_optimizer", "task6_2_reduce_scatter",
-    "task8_1_train_step", "task8_2_make_it_fit", "task8_3_cheapest_plan", "task9_2_tp_mlp",
+    "task8_1_train_step", "task8_2_state_bytes", "task8_3_cheapest_plan", "task9_2_tp_mlp",
 }
 
 

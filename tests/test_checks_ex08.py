@@ -1,7 +1,7 @@
 """Exercise 08's own check tests (tests/test_checks.py runs every exercise's solution and wrong submissions):
-plain-data validation, the cost order, the tiny same-maths half failing the wrong train steps of
-tests/submissions/ex08.py in every hidden draw, the hidden cases covering every option in every draw, and
-memlab.fit kept out of the learner's calls."""
+plan validation, the stated order, the hidden cases covering every rung in every draw, the wrong train steps
+failing every hidden draw, results validated before judging, memlab.fit kept out of the learner's calls, and the
+hidden problem family's guarantees proved with memlab.fit at the corners of its ranges."""
 
 from __future__ import annotations
 
@@ -13,20 +13,17 @@ import pytest
 import memlab
 from _nb import solution_namespace
 from autograder.checks.common import decode, encode
-from autograder.checks.ex08 import cases as ex08_cases, judge as ex08_judge, run as ex08_run
-from autograder.checks.ex08.refs import cost, dominating
-from memlab.kit.ex08 import MODELS, check_problem, make_step, plan_error
+from autograder.checks.ex08 import cases as ex08_cases, judge as ex08_judge, refs as ex08_refs, run as ex08_run
+from memlab.kit.ex08 import MODELS, check_problem, fit_options, plan_error, usable
 from submissions import ex08 as wrong
 
 PROBLEM = ex08_cases.VISIBLE_PROBLEM
+PLAN = {"method": "lora", "lora_r": 16, "precision": "bf16", "optimizer": "adamw", "checkpointing": True,
+        "micro_batch": 2, "offload": False}
 
 
 def _namespace(replace: dict[str, str] | None = None) -> dict:
     return solution_namespace("08_capstone", replace)
-
-
-def _tiny_cases(hidden, seed=0):
-    return [c for c in ex08_cases.train_step_cases(hidden, random.Random(seed)) if c["part"] == "tiny"]
 
 
 def _judge_tiny(ns, case):
@@ -34,67 +31,89 @@ def _judge_tiny(ns, case):
     ex08_judge.train_step_judge(case, got)
 
 
+# ----------------------------------------------------------------------------- plans, problems, the order
 def test_plan_validation_names_the_field():
-    plan = {"micro_batch": 2, "checkpoint": 1, "optimizer": "fused"}
-    assert plan_error(plan, PROBLEM) is None
-    assert "micro_batch" in plan_error({**plan, "micro_batch": 0}, PROBLEM)
-    assert "micro_batch" in plan_error({**plan, "micro_batch": PROBLEM["batch"] + 1}, PROBLEM)
-    assert "checkpoint" in plan_error({**plan, "checkpoint": MODELS[PROBLEM["model"]]["full"].n_layer + 1}, PROBLEM)
-    assert "checkpoint" in plan_error({**plan, "checkpoint": True}, PROBLEM)
-    assert "optimizer" in plan_error({**plan, "optimizer": "sgd"}, PROBLEM)
-    assert "keys" in plan_error({**plan, "lr": 1.0}, PROBLEM)
-    assert "dict" in plan_error([2, 1, "fused"], PROBLEM)
+    assert plan_error(PLAN, PROBLEM) is None
+    for key, bad in (("method", "dora"), ("precision", "fp16"), ("optimizer", "sgd"), ("lora_r", 0),
+                     ("checkpointing", "full"), ("micro_batch", 0), ("micro_batch", PROBLEM["batch"] + 1),
+                     ("offload", 1)):
+        assert key in plan_error({**PLAN, key: bad}, PROBLEM), (key, bad)
+    assert "keys" in plan_error({**PLAN, "lr": 1.0}, PROBLEM)
+    assert "dict" in plan_error([PLAN], PROBLEM)
+    assert plan_error({**PLAN, "micro_batch": 3}, PROBLEM) is None                      # uneven: train_step's
+    assert "divide" in plan_error({**PLAN, "micro_batch": 3}, PROBLEM, dividing=True)   # not memlab.fit's
+    assert "optimizer" in plan_error({**PLAN, "optimizer": "adamw8bit"}, PROBLEM)       # LoRA keeps AdamW
+    full = {**PLAN, "method": "full"}
+    assert "offload" in plan_error({**full, "offload": True}, PROBLEM)                  # no host RAM
+    assert plan_error({**full, "offload": True}, {**PROBLEM, "offload_ok": True}) is None
+    assert "offload" in plan_error({**full, "offload": True, "optimizer": "adamw8bit"}, {**PROBLEM,
+                                                                                         "offload_ok": True})
     with pytest.raises(ValueError, match="model"):
         check_problem({**PROBLEM, "model": "gpt-7b"})
     with pytest.raises(ValueError, match="batch"):
         check_problem({**PROBLEM, "batch": 0})
-    with pytest.raises(ValueError, match="micro_batch"):
-        make_step(PROBLEM, {**plan, "micro_batch": 0}, lambda *a: None)
+    with pytest.raises(ValueError, match="divide"):
+        fit_options(PROBLEM, {**PLAN, "micro_batch": 3})
+    assert fit_options(PROBLEM, {**full, "micro_batch": 4})["micro_batch"] is None
 
 
-def test_cost_counts_micro_batches_rounding_up_and_domination_is_strict():
-    p = {**PROBLEM, "batch": 7}
-    assert cost(p, {"micro_batch": 3, "checkpoint": 2, "optimizer": "fused"}) == (2, 3)
-    front = {0: (3, 3), 1: (1, 7)}
-    assert dominating(p, (1, 3), front) == [(0, 3), (1, 1)]
-    assert dominating(p, (0, 3), front) == []            # on the front: nothing cheaper
-    assert dominating(p, (1, 1), front) == []
-    assert dominating(p, (2, 1), front) == [(1, 1)]      # checkpointing more than needed
+def test_the_grid_is_in_the_stated_order():
+    p = {**PROBLEM, "batch": 8, "offload_ok": True}
+    g = ex08_refs.grid(p)
+    keys = [ex08_refs.order_key(p, q) for q in g]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert g[0]["method"] == "full" and g[0]["precision"] == "fp32" and not g[0]["checkpointing"]
+    assert g[0]["micro_batch"] == 8 and g[-1]["method"] == "qlora" and g[-1]["micro_batch"] == 1
+    assert all(q["micro_batch"] in (1, 2, 4, 8) for q in g)
+    assert not any(q["offload"] for q in ex08_refs.grid(PROBLEM))                       # offload_ok False
+    lora = [q for q in g if q["method"] == "lora"]
+    assert lora and all(q["optimizer"] == "adamw" and not q["offload"] for q in lora)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["micro_batches_without_dividing_the_loss",
-                                  "dividing_by_the_count_of_uneven_micro_batches", "frozen_embedding"])
-def test_wrong_train_steps_fail_visible_and_every_hidden_draw(name):
-    ns = _namespace(wrong.WRONG[name]["replace"])
-    for hidden, seeds in ((False, [0]), (True, range(4))):
-        for seed in seeds:
-            with pytest.raises(AssertionError):
-                for case in _tiny_cases(hidden, seed):
-                    _judge_tiny(ns, case)
-
-
-def test_hidden_train_step_cases_cover_every_option():
-    for seed in range(20):
+# ----------------------------------------------------------------------------- hidden cases: every branch, every run
+def test_hidden_train_step_cases_cover_every_rung():
+    for seed in range(30):
         cases = ex08_cases.train_step_cases(True, random.Random(seed))
-        tiny = [c for c in cases if c["part"] == "tiny"]
-        assert any(c["part"] == "full" for c in cases)
-        plans = [(c["problem"], c["plan"]) for c in tiny]
-        L = lambda p: MODELS[p["model"]]["full"].n_layer  # noqa: E731
-        assert {pl["optimizer"] for _, pl in plans} == {"foreach", "fused"}
+        plans = [(c["problem"], c["plan"]) for c in cases]
+        assert {pl["method"] for _, pl in plans} == {"full", "lora", "qlora"}
+        assert {pl["precision"] for _, pl in plans} == {"fp32", "bf16"}
+        assert {pl["optimizer"] for _, pl in plans} == {"adamw", "adamw8bit"}
+        assert {pl["checkpointing"] for _, pl in plans} == {True, False}
         assert any(pl["micro_batch"] == 1 for _, pl in plans)
         assert any(pl["micro_batch"] == p["batch"] for p, pl in plans)
-        assert any(p["batch"] % pl["micro_batch"] for p, pl in plans)                          # uneven
-        assert any(pl["micro_batch"] > 1 and p["batch"] % pl["micro_batch"] == 0 and pl["micro_batch"] < p["batch"]
-                   or p["batch"] in (3, 5, 7) for p, pl in plans)                                # even (or prime)
-        assert any(pl["checkpoint"] == 0 for _, pl in plans)
-        assert any(pl["checkpoint"] == L(p) for p, pl in plans)
-        assert any(0 < pl["checkpoint"] < L(p) for p, pl in plans)
-        assert {MODELS[p["model"]]["full"].pos for p, _ in plans} == {"learned", "rope"}
+        assert any(p["batch"] % pl["micro_batch"] and pl["precision"] == "fp32" for p, pl in plans)   # uneven
+        assert any(1 < pl["micro_batch"] < p["batch"] and p["batch"] % pl["micro_batch"] == 0 for p, pl in plans)
+        assert {p["model"] for p, _ in plans} == set(MODELS)
+        assert any(pl["method"] == "lora" and pl["checkpointing"] for _, pl in plans)
+        assert [c["part"] for c in cases].count("memory") == 1
+
+
+def test_hidden_state_cases_cover_every_rung():
+    for seed in range(30):
+        cases = ex08_cases.state_cases(True, random.Random(seed))
+        assert {c["problem"]["model"] for c in cases} == set(MODELS)
+        plans = [pl for c in cases for pl in c["plans"]]
+        assert {pl["method"] for pl in plans} == {"full", "lora", "qlora"}
+        assert any(pl["method"] == "full" and pl["precision"] == "fp32" and pl["optimizer"] == "adamw"
+                   for pl in plans)
+        assert any(pl["optimizer"] == "adamw8bit" for pl in plans) and any(pl["offload"] for pl in plans)
+        for c in cases:
+            assert all(plan_error(pl, c["problem"], dividing=True) is None for pl in c["plans"])
+
+
+def test_hidden_plan_cases_draw_one_problem_of_each_kind():
+    for seed in range(50):
+        cases = ex08_cases.plan_cases(True, random.Random(seed))
+        assert sorted(c["kind"] for c in cases) == sorted(ex08_cases.FAMILY)
+        for c in cases:
+            f, p = ex08_cases.FAMILY[c["kind"]], c["problem"]
+            check_problem(p)
+            assert (p["model"], p["gpu"]) == (f["model"], f["gpu"]) and p["batch"] in ex08_cases.BATCHES
+            assert f["seq"][0] <= p["seq"] <= f["seq"][1] and f["headroom"][0] <= p["headroom"] <= f["headroom"][1]
+            assert f["offload_ok"] is None or p["offload_ok"] is f["offload_ok"]
 
 
 def test_fit_tools_raise_inside_the_learner_call_and_come_back():
-    # memlab.fit and memlab.fit_search are functions, defined in memlab.fitting.plan and memlab.fitting.search
     fit_module, search_module = sys.modules["memlab.fitting.plan"], sys.modules["memlab.fitting.search"]
     before = (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search)
     with ex08_run._no_fit_tool():
@@ -103,10 +122,19 @@ def test_fit_tools_raise_inside_the_learner_call_and_come_back():
                 f("llama-2-7b")
     assert (memlab.fit, memlab.fit_search, fit_module.fit, search_module.fit_search) == before
 
+    def sneaky(problem, measure):
+        return memlab.fit(problem["model"], problem["gpu"])
+    got = ex08_run.plan_run({"problem": PROBLEM}, sneaky)
+    assert "off limits" in got["raised"]
 
-# ----------------------------------------------------------------------------- results validated, headroom drawn
+
+# ----------------------------------------------------------------------------- results validated before judging
 def test_empty_short_or_missing_results_fail_never_pass_vacuously():
-    case = _tiny_cases(True, 3)[0]
+    memory = ex08_cases.train_step_cases(False, random.Random(0))[2]
+    for got in ({}, {"peak": 1.5}, {"peak": "0"}, {"raised": "RuntimeError: x"}):
+        with pytest.raises(AssertionError):
+            ex08_judge.train_step_judge(memory, got)
+    case = ex08_cases.train_step_cases(False, random.Random(0))[1]
     good = decode(encode(ex08_run.train_step_run(case, _namespace()["train_step"])))
     ex08_judge.train_step_judge(case, good)
     forged = [{"calls": [], "steps": [], "final": []},
@@ -116,45 +144,100 @@ def test_empty_short_or_missing_results_fail_never_pass_vacuously():
               {**good, "final": [v[:1] for v in good["final"]]},
               {**good, "steps": [{**s, "proj": []} for s in good["steps"]]},
               {k: v for k, v in good.items() if k != "final"},
-              {**good, "calls": [{**c, "blocks": "many"} for c in good["calls"]]}]
+              {**good, "calls": [{**c, "layers": "many"} for c in good["calls"]]}]
     for got in forged:
         with pytest.raises(AssertionError):
             ex08_judge.train_step_judge(case, got)
-    plan_case = {"problem": PROBLEM}
-    with pytest.raises(AssertionError):
-        ex08_judge.fit_judge(plan_case, {"plan": {"micro_batch": 2, "checkpoint": 1, "optimizer": "fused"},
-                                         "full": {"fits": True, "peak": 0, "steady": 0, "steps": 1, "state": [],
-                                                  "wte": 2, "blocks": 8}, "tiny": {"calls": [], "steps": [],
-                                                                                    "final": []}})
+    state_case = {"problem": PROBLEM, "plans": [PLAN]}
+    for got in ([], [{}], [{"parameters": 1, "gradients": 1}], [{"parameters": 1.5, "gradients": 1, "optimizer": 1}],
+                [{"raised": "ValueError: x"}]):
+        with pytest.raises(AssertionError):
+            ex08_judge.state_judge(state_case, got)
+    for got in ({}, {"plan": None}, {"plan": "lora"}, {"invalid": "no"}, {"raised": "ValueError: no plan fits"}):
+        with pytest.raises(AssertionError):
+            ex08_judge.plan_judge({"problem": PROBLEM}, got)
 
 
-def test_hidden_plan_problems_draw_a_tight_and_a_loose_headroom():
-    for seed in range(50):
-        cases = ex08_cases.plan_cases(True, random.Random(seed))
-        hs = sorted(c["problem"]["headroom"] for c in cases)
-        assert len(cases) == 2 and {c["problem"]["batch"] for c in cases} == {p["batch"] for p in
-                                                                              ex08_cases.HIDDEN_PROBLEMS}
-        assert ex08_cases.LOOSE[0] <= hs[0] <= ex08_cases.LOOSE[1] and hs[1] >= min(t for t, _ in ex08_cases.TIGHT)
+# ----------------------------------------------------------------------------- the wrong steps, every hidden draw
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["micro_batch_losses_not_weighted", "dividing_by_the_count_of_uneven_micro_batches",
+                                  "optimizer_step_per_micro_batch", "one_late_backward",
+                                  "zero_grad_before_each_micro_batch", "checkpointing_ignored"])
+def test_wrong_train_steps_fail_visible_and_every_hidden_draw(name):
+    ns = _namespace(wrong.WRONG[name]["replace"])
+    for hidden, seeds in ((False, [0]), (True, range(3))):
+        for seed in seeds:
+            with pytest.raises(AssertionError):
+                for case in ex08_cases.train_step_cases(hidden, random.Random(seed)):
+                    _judge_tiny(ns, case)
 
 
 @pytest.mark.slow
-def test_headroom_ranges_hold_against_the_grader_references():
-    """TIGHT: the plans that fit with 5% (both cheapest orders) no longer fit, and some plan does. LOOSE: the plain
-    recipe does not fit at full capacity minus the headroom, and one sequence per micro-batch and every block
-    checkpointed are dominated."""
-    from autograder.checks.ex08.refs import reference_front, reference_peak
-    for i, p in enumerate(ex08_cases.HIDDEN_PROBLEMS):
-        B, L = p["batch"], MODELS[p["model"]]["full"].n_layer
-        at5 = reference_front({**p, "headroom": 0.05})
-        cheapest_at5 = [min(at5.items(), key=lambda kv: (kv[1][0], kv[0])), min(at5.items())]  # n first, k first
-        for h in ex08_cases.TIGHT[i]:
-            q = {**p, "headroom": h}
-            assert reference_front(q)
-            for k, (n, m) in cheapest_at5:
-                assert reference_peak(q, {"micro_batch": m, "checkpoint": k, "optimizer": "fused"}) > \
-                    ex08_judge.usable(q), (q, k, m)
-        for h in ex08_cases.LOOSE:
-            q = {**p, "headroom": h}
-            front = reference_front(q)
-            assert reference_peak(q, {"micro_batch": B, "checkpoint": 0, "optimizer": "fused"}) > ex08_judge.usable(q)
-            assert dominating(q, (0, B), front) and dominating(q, (L, 1), front), (q, front)
+def test_solution_train_step_passes_several_hidden_draws():
+    ns = _namespace()
+    for seed in range(3):
+        for case in ex08_cases.train_step_cases(True, random.Random(100 + seed)):
+            _judge_tiny(ns, case)
+
+
+# ----------------------------------------------------------------------------- the family's guarantees
+def _corner(kind, *, big: bool, offload_ok=None):
+    """The problem of `kind` at a corner of its ranges: big=True the most memory (longest sequences, the largest
+    batch and rank, the most headroom), big=False the least."""
+    f = ex08_cases.FAMILY[kind]
+    i = 1 if big else 0
+    return {"model": f["model"], "gpu": f["gpu"], "batch": ex08_cases.BATCHES[i], "seq": f["seq"][i],
+            "headroom": f["headroom"][i], "lora_r": ex08_cases.RANKS[-1 if big else 0],
+            "offload_ok": f["offload_ok"] if f["offload_ok"] is not None else offload_ok}
+
+
+def _plan(method, precision="bf16", optimizer="adamw", checkpointing=True, micro_batch=1, offload=False, r=8):
+    return {"method": method, "lora_r": r, "precision": precision, "optimizer": optimizer,
+            "checkpointing": checkpointing, "micro_batch": micro_batch, "offload": offload}
+
+
+@pytest.mark.slow
+def test_family_qlora_only_qlora_with_checkpointing_fits():
+    small = _corner("qlora", big=False, offload_ok=True)       # every other branch is out even here
+    room = usable(small)
+    for q in ex08_refs.grid(small):
+        if q["method"] != "qlora":
+            assert ex08_refs.weights_floor(small, q) > room, q
+    for precision in ("fp32", "bf16"):                           # no checkpointing: not even 1 or 2 sequences
+        for m in (1, 2):
+            assert not ex08_refs.fits(small, _plan("qlora", precision, checkpointing=False, micro_batch=m)), \
+                (precision, m)
+    big = _corner("qlora", big=True)
+    assert ex08_refs.fits(big, _plan("qlora", "fp32", r=big["lora_r"]))   # checkpointing, one sequence: fits
+
+
+@pytest.mark.slow
+def test_family_lora_fits_where_no_full_plan_does():
+    small = _corner("lora", big=False)
+    for q in ex08_refs.grid(small):
+        if q["method"] == "full" or q["precision"] == "fp32" and q["method"] == "lora":
+            assert ex08_refs.weights_floor(small, q) > usable(small), q
+    big = _corner("lora", big=True)
+    assert ex08_refs.fits(big, _plan("lora", r=big["lora_r"]))
+
+
+@pytest.mark.slow
+def test_family_offload_fits_full_fine_tuning():
+    small = _corner("offload", big=False)
+    for q in ex08_refs.grid(small):
+        if q["method"] == "full" and (q["precision"] == "fp32" or not q["offload"]):
+            assert ex08_refs.weights_floor(small, q) > usable(small), q
+    big = _corner("offload", big=True)
+    assert ex08_refs.fits(big, _plan("full", offload=True))
+
+
+@pytest.mark.slow
+def test_solution_plans_and_states_pass_two_more_hidden_draws():
+    from autograder.checks.ex08 import TASKS
+    ns = _namespace()
+    for tid, names in (("task8_2_state_bytes", {"state_bytes": ns["state_bytes"]}),
+                       ("task8_3_cheapest_plan", {"plan_for": ns["plan_for"]})):
+        task = TASKS[tid]
+        for seed in (7, 8):
+            for case in task.cases(True, random.Random(seed)):
+                task.judge(case, decode(encode(task.run(case, **names))))

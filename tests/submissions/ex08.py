@@ -1,205 +1,196 @@
-"""Plausible-wrong submissions for exercise 08 (Make it fit) and the points each must lose.
+"""Plausible-wrong submissions for exercise 08 (the capstone) and the points each must lose, and correct
+alternatives that must keep every point.
 
-A plan is graded on three halves: it fits (steady state, headroom), it trains the same model as the recipe
-(tiny instance against plain full-batch AdamW), and it costs no more than needed (the grader's brute force)."""
+Task 8.1 compares the tiny twins' gradients and weights with the same rung done plainly and counts the decoder
+layers' forwards; task 8.2 compares the model states with memlab.fit's; task 8.3 compares plan_for's plan with the
+first fitting plan of the stated order, found by the grader with memlab.fit."""
 
 ASSIGNMENT = "08_capstone"
 
-_STEP_HEAD = '''
+_STEP = '''
 def train_step(model, optimizer, x, y, plan):
-    B, T = x.shape
-    rope = (model.rope_cos[:T], model.rope_sin[:T]) if model.cfg.pos == "rope" else None
-    n = -(-B // plan["micro_batch"])
-    for s in range(0, B, plan["micro_batch"]):
-        xb, yb = x[s:s + plan["micro_batch"]], y[s:s + plan["micro_batch"]]
-        h = model.wte(xb)
-        if model.wpe is not None:
-            h = h + model.wpe(torch.arange(T))
-        for i, block in enumerate(model.blocks):
-            h = checkpoint(block, h, rope, use_reentrant=False) if i < plan["checkpoint"] else block(h, rope)
-        logits = model.head(model.ln_f(h))
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), yb.reshape(-1))
-'''
-_STEP_TAIL = '''
-        del h, logits, loss
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-'''
-
-# accumulates the micro-batch means without scaling: the gradient is n times the batch mean's
-_NO_DIVIDE = _STEP_HEAD + "        loss.backward()" + _STEP_TAIL
-
-# divides by the number of micro-batches: right only when the micro-batch divides the batch
-_DIVIDE_BY_COUNT = _STEP_HEAD + "        (loss / n).backward()" + _STEP_TAIL
-
-# "saves memory" by freezing the token embedding, which the recipe trains
-_FROZEN_EMBEDDING = '''
-def train_step(model, optimizer, x, y, plan):
-    model.wte.weight.requires_grad_(False)
-''' + _STEP_HEAD.split("\n", 2)[2] + "        (loss * (xb.shape[0] / B)).backward()" + _STEP_TAIL
-
-# sums the micro-batch losses and calls backward once: the same maths, every graph alive at once
-_ONE_LATE_BACKWARD = '''
-def train_step(model, optimizer, x, y, plan):
-    B, T = x.shape
-    rope = (model.rope_cos[:T], model.rope_sin[:T]) if model.cfg.pos == "rope" else None
-    total = 0.0
-    for s in range(0, B, plan["micro_batch"]):
-        xb, yb = x[s:s + plan["micro_batch"]], y[s:s + plan["micro_batch"]]
-        h = model.wte(xb)
-        if model.wpe is not None:
-            h = h + model.wpe(torch.arange(T))
-        for i, block in enumerate(model.blocks):
-            h = checkpoint(block, h, rope, use_reentrant=False) if i < plan["checkpoint"] else block(h, rope)
-        logits = model.head(model.ln_f(h))
-        total = total + F.cross_entropy(logits.reshape(-1, logits.size(-1)), yb.reshape(-1)) * (xb.shape[0] / B)
-    total.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-'''
-
-_SEARCH = '''
-def plan_for(problem):
-    B, L = problem["batch"], kit.MODELS[problem["model"]]["full"].n_layer
-    for n in range(1, B + 1):
-        for k in {ks}:
-            for mb in {mbs}:
-                if -(-B // mb) == n:
-                    plan = {{"micro_batch": mb, "checkpoint": k, "optimizer": "{opt}"}}
-                    if fits(problem, plan):
-                        return plan
-    raise ValueError("no plan fits")
-'''
-
-
-def _fits(test):
-    return f'''
-def fits(problem, plan):
-    gpu = memlab.VirtualGPU(problem["gpu"])
-    run, steady, _ = run_full_size(kit.make_step(problem, plan, train_step), gpu)
-    return {test}
-''' + _SEARCH.format(ks="range(L + 1)", mbs="range(B, 0, -1)", opt="fused")
-
-
-# the first step's peak: AdamW's state, created inside that step, is missing from forward and backward
-_FIRST_STEP_ONLY = _fits('run.fits and run.peak <= gpu.capacity * (1 - problem["headroom"])')
-
-# steady state, but up to the last byte: no room for the CUDA context
-_NO_HEADROOM = _fits("run.fits and steady <= gpu.capacity")
-
-_GOOD_FITS = '''
-def fits(problem, plan):
-    gpu = memlab.VirtualGPU(problem["gpu"])
-    run, steady, _ = run_full_size(kit.make_step(problem, plan, train_step), gpu)
-    return run.fits and steady <= gpu.capacity * (1 - problem["headroom"])
-'''
-
-# checkpoints every block, whatever fits
-_ALWAYS_ALL_BLOCKS = _GOOD_FITS + _SEARCH.format(ks="[L]", mbs="range(B, 0, -1)", opt="fused")
-
-# one sequence per micro-batch, whatever fits
-_ALWAYS_ONE_SEQUENCE = _GOOD_FITS + _SEARCH.format(ks="range(L + 1)", mbs="[1]", opt="fused")
-
-# only micro-batches that divide the batch: misses an uneven split that fits with fewer micro-batches
-_ONLY_DIVISORS = _GOOD_FITS + _SEARCH.format(ks="range(L + 1)", mbs="[d for d in range(B, 0, -1) if B % d == 0]",
-                                             opt="fused")
-
-# a headroom hard-coded to the visible problem's 5% instead of the problem's own
-_FIXED_HEADROOM = _fits("run.fits and steady <= gpu.capacity * 0.95")
-
-# a train_step that does nothing: nothing trains, and every plan "fits"
-_DOES_NOTHING = '''
-def train_step(model, optimizer, x, y, plan):
-    pass
-'''
-
-_T1 = ["task8_1_train_step_visible", "task8_1_train_step_hidden"]
-_T2 = ["task8_2_make_it_fit_visible", "task8_2_make_it_fit_hidden"]
-_T3 = ["task8_3_cheapest_plan_visible", "task8_3_cheapest_plan_hidden"]
-
-WRONG = {
-    "micro_batches_without_dividing_the_loss": {
-        "replace": {"task8_1_train_step": _NO_DIVIDE}, "must_lose": _T1},
-    "dividing_by_the_count_of_uneven_micro_batches": {
-        "replace": {"task8_1_train_step": _DIVIDE_BY_COUNT}, "must_lose": _T1},
-    "frozen_embedding": {
-        "replace": {"task8_1_train_step": _FROZEN_EMBEDDING}, "must_lose": _T1 + _T2},
-    "one_late_backward": {
-        "replace": {"task8_1_train_step": _ONE_LATE_BACKWARD}, "must_lose": _T1},
-    "first_step_peak_only": {
-        "replace": {"task8_2_make_it_fit": _FIRST_STEP_ONLY}, "must_lose": _T2 + ["task8_3_cheapest_plan_hidden"],
-        "must_keep": _T1},
-    "no_headroom": {
-        "replace": {"task8_2_make_it_fit": _NO_HEADROOM}, "must_lose": ["task8_2_make_it_fit_hidden"],
-        "must_keep": _T1},
-    "checkpoint_every_block": {
-        "replace": {"task8_2_make_it_fit": _ALWAYS_ALL_BLOCKS}, "must_lose": _T3, "must_keep": _T1 + _T2},
-    "headroom_hard_coded_5_percent": {
-        "replace": {"task8_2_make_it_fit": _FIXED_HEADROOM},
-        "must_lose": ["task8_2_make_it_fit_hidden", "task8_3_cheapest_plan_hidden"],
-        "must_keep": _T1 + ["task8_2_make_it_fit_visible", "task8_3_cheapest_plan_visible"],
-        "alone": True},   # plan_for measures with train_step: not in a notebook with a wrong train_step
-    "train_step_does_nothing": {
-        "replace": {"task8_1_train_step": _DOES_NOTHING}, "must_lose": _T1 + _T2 + _T3},
-    "one_sequence_per_micro_batch": {
-        "replace": {"task8_2_make_it_fit": _ALWAYS_ONE_SEQUENCE}, "must_lose": ["task8_3_cheapest_plan_hidden"],
-        "must_keep": _T1},
-}
-
-RIGHT = {
-    # zeroes the gradients in place after the step, then frees them: the step saw the right gradients
-    "zero_in_place_after_the_step": {"replace": {"task8_1_train_step": '''
-def train_step(model, optimizer, x, y, plan):
-    B = x.shape[0]
-    for s in range(0, B, plan["micro_batch"]):
-        xb, yb = x[s:s + plan["micro_batch"]], y[s:s + plan["micro_batch"]]
-        h, rope = model.embed(xb)
-        for i, block in enumerate(model.blocks):
-            h = checkpoint(block, h, rope, use_reentrant=False) if i < plan["checkpoint"] else block(h, rope)
-        loss = model.loss(model.ln_f(h), yb) * (xb.shape[0] / B)
-        del h
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if plan["checkpointing"] and not base.is_gradient_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": {reentrant}}})
+    B, m = x.shape[0], plan["micro_batch"]
+    n = -(-B // m)
+    for s in range(0, B, m):
+        xb, yb = x[s:s + m], y[s:s + m]
+{zero}        loss = model(input_ids=xb, labels=yb).loss{scale}
         loss.backward()
         del loss
     optimizer.step()
-    for p in model.parameters():
-        p.grad.zero_()
     optimizer.zero_grad(set_to_none=True)
-'''}},
-    # less recomputation first, then fewer micro-batches: another plan that nothing beats on both counts
-    "recompute_least_first": {"replace": {"task8_2_make_it_fit": _GOOD_FITS + '''
-def plan_for(problem):
-    B, L = problem["batch"], kit.MODELS[problem["model"]]["full"].n_layer
-    for k in range(L + 1):
-        for n in range(1, B + 1):
-            for mb in [m for m in range(B, 0, -1) if -(-B // m) == n]:
-                if fits(problem, {"micro_batch": mb, "checkpoint": k, "optimizer": "fused"}):
-                    return {"micro_batch": mb, "checkpoint": k, "optimizer": "fused"}
+'''
+
+
+def _step(scale=" * (xb.shape[0] / B)", reentrant="False", zero=""):
+    return _STEP.format(scale=scale, reentrant=reentrant, zero=zero)
+
+
+# the micro-batch means are summed unweighted: the gradient is n times the batch mean's
+_NO_SCALE = _step(scale="")
+# divides by the number of micro-batches: right only when micro_batch divides the batch
+_DIVIDE_BY_COUNT = _step(scale=" / n")
+# the optimizer steps after every micro-batch: n steps on partial gradients instead of one on the batch's
+_STEP_EACH_MICRO_BATCH = _step().replace("        del loss\n", "        del loss\n        optimizer.step()\n")
+# sums the weighted micro-batch losses and calls backward once: the same gradient, every graph alive at once
+_ONE_LATE_BACKWARD = _step().replace("        loss.backward()\n        del loss\n", "        total = loss if s == 0 else "
+                                     "total + loss\n").replace("    optimizer.step()\n", "    total.backward()\n"
+                                                                "    optimizer.step()\n", 1)
+# zero_grad before each micro-batch's backward: only the last micro-batch's gradient reaches the step
+_ZERO_EACH_MICRO_BATCH = _step(zero="        optimizer.zero_grad(set_to_none=True)\n")
+# ignores the plan's checkpointing: the maths is right, the recomputation (and the memory it saves) is not there
+_NO_CHECKPOINTING = _step().replace('plan["checkpointing"] and', "False and")
+
+_STATES = '''
+def state_bytes(problem, plan):
+    c = load_config(problem["model"])
+    h, i, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or h // c.num_attention_heads)
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)] * L
+    rest = 2 * V * h + (2 * L + 1) * h
+    d = 4 if plan["precision"] == "fp32" else 2
+    if plan["method"] == "full":
+        n = rest + sum(a * b for a, b in linears)
+        if plan["offload"]:
+            return {{"parameters": n * d, "gradients": {off_grads}, "optimizer": {off_opt}}}
+        opt = {eight} if plan["optimizer"] == "adamw8bit" else {adam}
+        return {{"parameters": n * d, "gradients": n * d, "optimizer": opt}}
+    adapters = sum(plan["lora_r"] * (a + b) for a, b in linears)
+    n_lin = sum(a * b for a, b in linears)
+    base = {lora_base} if plan["method"] == "lora" else rest * 4 + {nf4}
+    return {{"parameters": base + 4 * adapters, "gradients": 4 * adapters, "optimizer": {lora_opt}}}
+'''
+_GOOD = dict(off_grads="0", off_opt="0", eight="2 * n + n // 32", adam="2 * n * d", lora_base="(rest + n_lin) * d",
+             nf4="n_lin // 2 + n_lin // 64", lora_opt="8 * adapters")
+
+
+def _states(**wrong):
+    return _STATES.format(**{**_GOOD, **wrong})
+
+
+_T1 = ["task8_1_train_step_visible", "task8_1_train_step_hidden"]
+_T2 = ["task8_2_state_bytes_visible", "task8_2_state_bytes_hidden"]
+_T3 = ["task8_3_cheapest_plan_visible", "task8_3_cheapest_plan_hidden"]
+
+_PLAN = '''
+def plan_for(problem, measure):
+    B, room = problem["batch"], kit.usable(problem)
+    grid = [{{"method": m, "lora_r": problem["lora_r"], "precision": p, "optimizer": o, "checkpointing": ck,
+             "micro_batch": mb, "offload": off}}
+            for m in {methods} for p in {precisions} for o in kit.OPTIMIZERS for off in (False, True)
+            for ck in (False, True) for mb in range(B, 0, -1) if B % mb == 0]
+    grid = [plan for plan in grid if {valid}]
+    for plan in grid:
+        if sum(state_bytes(problem, plan).values()) > room:
+            continue
+        if measure(plan)["fits"]:
+            return plan
     raise ValueError("no plan fits")
-'''}},
-    # checkpointing by wrapping blocks, then the model's own forward (and its mean loss)
-    "wrapped_blocks": {"replace": {"task8_1_train_step": '''
-class _Ckpt(torch.nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.inner = block
-    def forward(self, h, rope=None):
-        return checkpoint(self.inner, h, rope, use_reentrant=False)
+'''
 
 
+def _plan(methods="kit.METHODS", precisions="kit.PRECISIONS",
+          valid="kit.plan_error(plan, problem, dividing=True) is None"):
+    return _PLAN.format(methods=methods, precisions=precisions, valid=valid)
+
+
+WRONG = {
+    "micro_batch_losses_not_weighted": {"replace": {"task8_1_train_step": _NO_SCALE}, "must_lose": _T1},
+    "dividing_by_the_count_of_uneven_micro_batches": {
+        "replace": {"task8_1_train_step": _DIVIDE_BY_COUNT}, "must_lose": _T1},
+    "optimizer_step_per_micro_batch": {"replace": {"task8_1_train_step": _STEP_EACH_MICRO_BATCH}, "must_lose": _T1},
+    "one_late_backward": {"replace": {"task8_1_train_step": _ONE_LATE_BACKWARD}, "must_lose": _T1},
+    "zero_grad_before_each_micro_batch": {
+        "replace": {"task8_1_train_step": _ZERO_EACH_MICRO_BATCH}, "must_lose": _T1},
+    "checkpointing_ignored": {"replace": {"task8_1_train_step": _NO_CHECKPOINTING}, "must_lose": _T1},
+    # AdamW's moments counted in fp16 whatever the precision: right for bf16, half for fp32
+    "optimizer_state_counted_in_16_bits": {
+        "replace": {"task8_2_state_bytes": _states(adam="2 * n * 2")}, "must_lose": ["task8_2_state_bytes_hidden"],
+        "must_keep": ["task8_2_state_bytes_visible"]},
+    "lora_forgets_the_frozen_base": {
+        "replace": {"task8_2_state_bytes": _states(lora_base="0")}, "must_lose": _T2},
+    "qlora_4_bit_weights_as_1_byte": {
+        "replace": {"task8_2_state_bytes": _states(nf4="n_lin")}, "must_lose": _T2},
+    "adapters_without_optimizer_state": {
+        "replace": {"task8_2_state_bytes": _states(lora_opt="0")}, "must_lose": _T2},
+    "offload_keeps_the_state_on_the_gpu": {
+        "replace": {"task8_2_state_bytes": _states(off_grads="n * d", off_opt="2 * n * 4")}, "must_lose": _T2},
+    "adamw8bit_one_byte_per_weight": {
+        "replace": {"task8_2_state_bytes": _states(eight="n")}, "must_lose": _T2},
+    # least memory first: QLoRA before LoRA before full
+    "qlora_when_lora_fits": {
+        "replace": {"task8_3_cheapest_plan": _plan(methods="kit.METHODS[::-1]")}, "must_lose": _T3},
+    # bf16 first: in the QLoRA problem the fp32-compute plan fits as well and comes first
+    "bf16_before_fp32": {
+        "replace": {"task8_3_cheapest_plan": _plan(precisions="kit.PRECISIONS[::-1]")},
+        "must_lose": ["task8_3_cheapest_plan_hidden"], "must_keep": ["task8_3_cheapest_plan_visible"]},
+    # offload wherever it helps, whether or not the host has the RAM for it
+    "offload_without_the_host_ram": {
+        "replace": {"task8_3_cheapest_plan": _plan(
+            valid="kit.plan_error(plan, {**problem, 'offload_ok': True}, dividing=True) is None")},
+        "must_lose": _T3},
+}
+
+RIGHT = {
+    # the loss written out: the head's logits, the shifted targets, a sum over this micro-batch's tokens divided by
+    # the batch's count of predicted tokens
+    "explicit_token_sum": {"replace": {"task8_1_train_step": '''
 def train_step(model, optimizer, x, y, plan):
-    blocks = list(model.blocks)
-    for i in range(plan["checkpoint"]):
-        model.blocks[i] = _Ckpt(blocks[i])
-    try:
-        B = x.shape[0]
-        for xb, yb in zip(x.split(plan["micro_batch"]), y.split(plan["micro_batch"])):
-            loss = model(xb, yb) * xb.shape[0] / B
-            loss.backward()
-            del loss
-    finally:
-        for i in range(plan["checkpoint"]):
-            model.blocks[i] = blocks[i]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if plan["checkpointing"]:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokens = x.shape[0] * (x.shape[1] - 1)
+    for xb, yb in zip(x.split(plan["micro_batch"]), y.split(plan["micro_batch"])):
+        logits = model(input_ids=xb).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb[:, 1:].reshape(-1),
+                                                 reduction="sum") / tokens
+        del logits
+        loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+'''}},
+    # the parameters counted on a meta-device model built by transformers instead of by formula
+    "counted_on_a_meta_model": {"replace": {"task8_2_state_bytes": '''
+def state_bytes(problem, plan):
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_config(problem["model"]))
+    layers = model.model.layers
+    lin = [m.weight.numel() for layer in layers for m in layer.modules() if type(m) is torch.nn.Linear]
+    adapters = sum(plan["lora_r"] * (m.in_features + m.out_features) for layer in layers for m in layer.modules()
+                   if type(m) is torch.nn.Linear)
+    total = sum(p.numel() for p in model.parameters())
+    d = {"fp32": 4, "bf16": 2}[plan["precision"]]
+    if plan["method"] == "full":
+        if plan["offload"]:
+            return {"parameters": total * d, "gradients": 0, "optimizer": 0}
+        sizes = [p.numel() for p in model.parameters()]
+        opt = sum(2 * k + 8 * -(-k // 256) if k >= 4096 else 8 * k for k in sizes) \\
+            if plan["optimizer"] == "adamw8bit" else 2 * total * d
+        return {"parameters": total * d, "gradients": total * d, "optimizer": opt}
+    rest = total - sum(lin)
+    base = total * d if plan["method"] == "lora" else 4 * rest + sum(k // 2 + k // 64 for k in lin)
+    return {"parameters": base + 4 * adapters, "gradients": 4 * adapters, "optimizer": 8 * adapters}
+'''}},
+    # the grid sorted by an explicit cost tuple instead of built in order
+    "sorted_by_a_cost_tuple": {"replace": {"task8_3_cheapest_plan": '''
+def plan_for(problem, measure):
+    import itertools
+    B = problem["batch"]
+    grid = []
+    for m, p, o, off, ck, mb in itertools.product(kit.METHODS, kit.PRECISIONS, kit.OPTIMIZERS, (True, False),
+                                                  (True, False), range(1, B + 1)):
+        plan = {"method": m, "lora_r": problem["lora_r"], "precision": p, "optimizer": o, "checkpointing": ck,
+                "micro_batch": mb, "offload": off}
+        if kit.plan_error(plan, problem, dividing=True) is None:
+            grid.append(plan)
+    key = lambda q: (kit.METHODS.index(q["method"]), kit.PRECISIONS.index(q["precision"]),  # noqa: E731
+                     kit.OPTIMIZERS.index(q["optimizer"]), q["offload"], q["checkpointing"], B // q["micro_batch"])
+    for plan in sorted(grid, key=key):
+        if sum(state_bytes(problem, plan).values()) <= kit.usable(problem) and measure(plan)["fits"]:
+            return plan
+    raise ValueError("no plan fits")
 '''}},
 }

@@ -1,33 +1,36 @@
-"""Checks for exercise 08, "Make it fit" (the contract: checks/common.py; the problems' models and the harness:
-memlab.kit.ex08; the grader's references: refs.py).
+"""Checks for exercise 08, the capstone "Make it fit" (the contract: checks/common.py; the problems, plans and
+tiny twins: memlab.kit.ex08; the grader's references: refs.py).
 
-- task8_1_train_step: the learner's train_step(model, optimizer, x, y, plan) on tiny models, for plans that
-  cover every option (one micro-batch, one sequence per micro-batch, micro-batches that divide the batch and
-  ones that do not; no, some and all blocks checkpointed; foreach and fused AdamW; GPT- and Llama-shaped
-  models; three steps, so the optimizer's state is in play): the gradients handed to each step and the
-  weights after the last must equal plain full-batch AdamW computed by the grader; the forward calls must
-  match the plan (each checkpointed block runs twice). One full-size case: the step's steady-state peak on the
-  virtual GPU must not exceed the grader's own implementation of the same plan.
-- task8_2_make_it_fit: plan_for(problem) at full size on the problem's virtual GPU: steady state (memlab.clinic,
-  as exercise 04) within capacity minus headroom, and on the tiny instance the same training as the recipe.
-  Hidden: two problems a run, each with a drawn headroom, one tight (above 5%) and one loose (cases.py).
-- task8_3_cheapest_plan: the plan fits (with the learner's step and with the grader's own), and no fitting plan
-  of the option grid is cheaper on one count (blocks recomputed, micro-batches) and no dearer on the other; the
-  grader finds the fitting plans by brute force.
-Every result field is validated against the case before judging (present, exact type, length): an empty or short
-list fails, never passes vacuously. Gradients are recorded as copies when the optimizer steps.
-memlab.fit and memlab.fit_search (if this memlab has them) raise inside the learner's calls.
+- task8_1_train_step: the learner's train_step(model, optimizer, x, y, plan) on the tiny twins (Hugging Face
+  Llama models of both presets' kinds), three steps each, one case per rung in every hidden run: full fp32 with
+  micro-batches that do not divide the batch and checkpointing; full pure bf16 with even micro-batches; full
+  with bitsandbytes' AdamW8bit and one sequence per micro-batch; LoRA (peft) with checkpointing and the whole
+  batch; QLoRA (bitsandbytes NF4 + peft, bf16 compute) with checkpointing and drawn micro-batches. The gradients
+  handed to each step and the trained weights after the last must equal the same rung done plainly (the kit's
+  model and optimizer, whole batch, one backward; tolerances 1e-4 in fp32, 3e-2 in bf16); the decoder layers
+  must run n_micro x layers x (2 if checkpointing else 1) times and the optimizer step once per call.
+- task8_2_state_bytes: state_bytes(problem, plan) -> {"parameters", "gradients", "optimizer"} bytes on the GPU
+  just after the optimizer step, each within 3% (+ 2 MiB) of memlab.fit's model_states. Hidden: both presets,
+  the rungs split between them at random (full fp32 AdamW, full bf16 AdamW8bit, LoRA / ZeRO-Offload, QLoRA, full
+  fp32 AdamW8bit), fp32 or bf16 where it is drawn, a drawn rank.
+- task8_3_cheapest_plan: plan_for(problem, measure): a valid plan (micro-batch dividing the batch, the problem's
+  rank, offload only where the host allows it) that memlab.fit says fits, with no plan earlier in the stated
+  order that fits (the grader walks the grid with memlab.fit, skipping a branch whose model states alone exceed
+  the usable bytes). Hidden: one problem of each kind of cases.FAMILY per run (only QLoRA with checkpointing;
+  LoRA beats QLoRA; full fine-tuning with ZeRO-Offload), batch, seq, headroom and rank drawn.
+Every result field is validated against the case before judging. memlab.fit and memlab.fit_search raise inside
+the learner's calls (task 8.3's `measure` runs memlab.fit for it).
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import plan_cases, train_step_cases
-from .judge import cheap_judge, fit_judge, train_step_judge
-from .run import plan_run, train_step_run
+from .cases import plan_cases, state_cases, train_step_cases
+from .judge import plan_judge, state_judge, train_step_judge
+from .run import plan_run, state_run, train_step_run
 
 TASKS = tasks(
     Task("task8_1_train_step", ("train_step",), train_step_cases, train_step_run, train_step_judge),
-    Task("task8_2_make_it_fit", ("plan_for", "train_step"), plan_cases, plan_run, fit_judge),
-    Task("task8_3_cheapest_plan", ("plan_for", "train_step"), plan_cases, plan_run, cheap_judge),
+    Task("task8_2_state_bytes", ("state_bytes",), state_cases, state_run, state_judge),
+    Task("task8_3_cheapest_plan", ("plan_for",), plan_cases, plan_run, plan_judge),
 )

@@ -1,5 +1,5 @@
-"""Exercise 08's cases: the problems and the plans that cover every option, and the two reductions of a
-gradient that both sides compute the same way (a few fixed random projections, the norm)."""
+"""Exercise 08's cases: the rungs train_step runs on the tiny twins (task 8.1), the plans whose model states
+state_bytes predicts (task 8.2), and the hidden problem family plan_for meets (task 8.3)."""
 
 from __future__ import annotations
 
@@ -7,71 +7,120 @@ import math
 
 import torch
 
-from memlab.kit.ex08 import MODELS, OPTIMIZERS
+from memlab.kit.ex08 import MODELS
 
 from ..common import torch_seed
 
-TINY_STEPS = 3
-PLAN_TINY_STEPS = 2        # the tiny instance of a plan_for plan (tasks 8.2 and 8.3)
-VISIBLE_PROBLEM = {"model": "gpt-0.8b", "gpu": "T4-16GB", "batch": 4, "seq": 1024, "headroom": 0.05}
-HIDDEN_PROBLEMS = [   # each needs checkpointing or micro-batches, and AdamW's state decides what fits
-    {"model": "gpt-1.1b", "gpu": "L4-24GB", "batch": 6, "seq": 1024, "headroom": 0.05},
-    {"model": "gpt-1.1b", "gpu": "L4-24GB", "batch": 5, "seq": 1280, "headroom": 0.05},
-]
+TINY_STEPS = 3             # three steps: the optimizer's state is in play
 
 
-# ----------------------------------------------------------------------------- task8_1
-def _plan(mbatch, k, opt):
-    return {"micro_batch": mbatch, "checkpoint": k, "optimizer": opt}
+# ----------------------------------------------------------------------------- task8_1: one case per rung
+def _rung(method, precision="fp32", optimizer="adamw", checkpointing=False, micro_batch=1, lora_r=4):
+    return {"method": method, "lora_r": lora_r, "precision": precision, "optimizer": optimizer,
+            "checkpointing": checkpointing, "micro_batch": micro_batch, "offload": False}
+
+
+def _tiny_problem(model, batch):
+    return {"model": model, "gpu": "T4-16GB", "batch": batch, "seq": 13, "headroom": 0.05, "lora_r": 4,
+            "offload_ok": True}
 
 
 def train_step_cases(hidden, r):
+    """Visible: full fp32 with uneven micro-batches and checkpointing, LoRA with checkpointing. Hidden, every run:
+    full fp32 with uneven micro-batches (2..3 of 5 or 7) and checkpointing; full pure bf16 with even ones; full
+    fp32 with bitsandbytes' AdamW8bit and one sequence per micro-batch; LoRA (fp32 base, rank drawn) with
+    checkpointing and the whole batch at once; QLoRA (NF4 base, bf16 compute) with checkpointing and drawn
+    micro-batches. Both tiny twins appear (MHA and GQA). Then the memory case (visible too): on a "small" twin, full
+    fp32 with two micro-batches, the second real step's peak (the optimizer's state alive) against the same plan
+    done by the grader."""
     if not hidden:
-        return [{"part": "tiny", "problem": {**VISIBLE_PROBLEM, "batch": 5}, "plan": _plan(2, 1, "fused"),
-                 "seed": 801, "data_seed": 8},
-                {"part": "tiny", "problem": {**HIDDEN_PROBLEMS[1], "batch": 4}, "plan": _plan(4, 2, "foreach"),
-                 "seed": 802, "data_seed": 9},
-                {"part": "full", "problem": VISIBLE_PROBLEM, "plan": _plan(2, 1, "fused")}]
-    models = ["gpt-0.8b", "llama-0.8b", "gpt-1.1b", r.choice(list(MODELS))]
+        return [{"part": "tiny", "problem": _tiny_problem("llama-2-7b", 5),
+                 "plan": _rung("full", checkpointing=True, micro_batch=2), "seed": 801, "data_seed": 8},
+                {"part": "tiny", "problem": _tiny_problem("llama-3.1-8b", 4),
+                 "plan": _rung("lora", checkpointing=True, micro_batch=2), "seed": 802, "data_seed": 9},
+                {"part": "memory", "problem": _tiny_problem("llama-2-7b", 4), "plan": _rung("full", micro_batch=2),
+                 "seed": 803, "data_seed": 10}]
+    models = list(MODELS) * 3
     r.shuffle(models)
-    opts = list(OPTIMIZERS) * 2
-    r.shuffle(opts)
-    cases = []
-    for i, model in enumerate(models):
-        B = r.randint(3, 7)
-        L = MODELS[model]["full"].n_layer
-        mbatch = [1, B, r.choice([d for d in range(2, B) if B % d] or [2]),          # micro-batches: one
-                  r.choice([d for d in range(1, B) if B % d == 0 and d > 1] or [B])][i]  # sequence, all, uneven, even
-        k = [L, 0, r.randint(1, L - 1), r.randint(0, L)][i]                       # all, none, some, any
-        cases.append({"part": "tiny", "problem": {"model": model, "gpu": "L4-24GB", "batch": B, "seq": 16,
-                                                  "headroom": 0.05},
-                      "plan": _plan(mbatch, k, opts[i]), "seed": torch_seed(r), "data_seed": r.randrange(2**31)})
-    p = r.choice(HIDDEN_PROBLEMS)
-    # n >= 2 micro-batches: one graph at a time
-    cases.append({"part": "full", "problem": p, "plan": _plan(r.choice([2, 3]), 1, "fused")})
-    return cases
+    B_odd = r.choice([5, 7])
+    B_even = r.choice([4, 6])
+    B3 = r.randint(3, 6)
+    ck = r.random() < 0.5                     # one of the two full 16-bit/8-bit rungs checkpoints, the other not
+    rungs = [(B_odd, _rung("full", checkpointing=True, micro_batch=r.choice([d for d in (2, 3) if B_odd % d]))),
+             (B_even, _rung("full", "bf16", checkpointing=ck, micro_batch=2)),
+             (B3, _rung("full", optimizer="adamw8bit", checkpointing=not ck, micro_batch=1)),
+             (B3, _rung("lora", checkpointing=True, micro_batch=B3, lora_r=r.choice([2, 4, 8]))),
+             (B3, _rung("qlora", "bf16", checkpointing=True, micro_batch=r.randint(1, B3), lora_r=r.choice([2, 4])))]
+    models = models[:len(rungs)]
+    if len(set(models)) < 2:
+        models[0] = [m for m in MODELS if m != models[1]][0]
+    out = [{"part": "tiny", "problem": _tiny_problem(m, B), "plan": plan, "seed": torch_seed(r),
+            "data_seed": r.randrange(2**31)} for m, (B, plan) in zip(models, rungs)]
+    B = r.choice([4, 6])                  # the memory case: two micro-batches, measured in the second real step
+    out.append({"part": "memory", "problem": _tiny_problem(r.choice(MODELS), B), "plan": _rung("full",
+                micro_batch=B // 2), "seed": torch_seed(r), "data_seed": r.randrange(2**31)})
+    return out
 
 
-# ----------------------------------------------------------------------------- task8_2 and task8_3
-# The headroom of a hidden problem is drawn. In every run one problem draws it from its TIGHT range: more than 5%,
-# so that the plan that fits with 5% (whichever cheapest order found it) no longer fits, while a plan still
-# does (a headroom hard-coded to 5% loses); the other from the LOOSE range around 5%, where a plan that fits
-# only at full capacity does not, and where one sequence per micro-batch or every block checkpointed is dearer
-# than needed. The ranges come from the grader's steady-state peaks of every plan (fractions of the L4's
-# capacity; tests/test_checks_ex08.py checks them against the references):
-#   batch 6 x 1024: cheapest at 5%: (k=1, n=1) 0.898 and (k=0, n=2) 0.898; floor (every plan's least) 0.876
-#   batch 5 x 1280: cheapest at 5%: (k=1, n=1) 0.912 and (k=0, n=2) 0.906; floor 0.876
-TIGHT = [(0.105, 0.120), (0.098, 0.120)]          # per HIDDEN_PROBLEMS entry
-LOOSE = (0.03, 0.07)
+# ----------------------------------------------------------------------------- task8_2: model states per rung
+def state_cases(hidden, r):
+    """Visible: Llama-2-7B, rank 16, five rungs. Hidden, every run: both presets, the rungs split between them at
+    random - full fp32 AdamW, full bf16 AdamW8bit and LoRA (fp32 or bf16 base) on one; ZeRO-Offload (bf16), QLoRA
+    and full fp32 AdamW8bit on the other - each with a drawn rank (memlab.fit measures each once: a few seconds)."""
+    def problem(model):
+        return {"model": model, "gpu": r.choice(["T4-16GB", "L4-24GB"]), "batch": r.choice([4, 8]),
+                "seq": r.choice([512, 1024]), "headroom": 0.05, "lora_r": r.choice([8, 16, 32, 64]),
+                "offload_ok": True}
+    if not hidden:
+        p = {**problem("llama-2-7b"), "gpu": "L4-24GB", "lora_r": 16}
+        return [{"problem": p, "plans": [_rung("full", "bf16"), _rung("full", "bf16", "adamw8bit"),
+                                         {**_rung("full", "bf16"), "offload": True}, _rung("lora", "bf16", lora_r=16),
+                                         _rung("qlora", "bf16", lora_r=16)]}]
+    one, two = r.sample(list(MODELS), 2)
+    p1, p2 = problem(one), problem(two)
+    return [{"problem": p1, "plans": [_rung("full", "fp32"), _rung("full", "bf16", "adamw8bit"),
+                                      _rung("lora", r.choice(["fp32", "bf16"]), lora_r=p1["lora_r"])]},
+            {"problem": p2, "plans": [{**_rung("full", "bf16"), "offload": True},
+                                      _rung("qlora", r.choice(["fp32", "bf16"]), lora_r=p2["lora_r"]),
+                                      _rung("full", "fp32", "adamw8bit")]}]
+
+
+# ----------------------------------------------------------------------------- task8_3: the problem family
+# Every hidden run draws one problem of each kind (tests/test_checks_ex08.py proves each kind's answer at the
+# corners of its ranges with memlab.fit; peaks grow with seq and lora_r, usable bytes shrink with headroom):
+#   "qlora"  Llama-3.1-8B on the T4: the model states of every full and LoRA branch exceed the usable bytes, QLoRA
+#            without checkpointing does not fit even one sequence per micro-batch, QLoRA with it does;
+#   "lora"   Llama-2-7B on the L4, no host RAM for offload: no full plan fits, LoRA (bf16 base) does, so it beats
+#            QLoRA;
+#   "offload" Llama-2-7B on the L4 with host RAM: full fine-tuning in pure bf16 with ZeRO-Offload fits.
+FAMILY = {
+    "qlora": {"model": "llama-3.1-8b", "gpu": "T4-16GB", "seq": (768, 1024), "headroom": (0.04, 0.10),
+              "offload_ok": None},
+    "lora": {"model": "llama-2-7b", "gpu": "L4-24GB", "seq": (512, 1024), "headroom": (0.03, 0.15),
+             "offload_ok": False},
+    "offload": {"model": "llama-2-7b", "gpu": "L4-24GB", "seq": (512, 1024), "headroom": (0.03, 0.15),
+                "offload_ok": True},
+}
+BATCHES = (4, 8)
+RANKS = (8, 16, 32, 64)
+VISIBLE_PROBLEM = {"model": "llama-2-7b", "gpu": "L4-24GB", "batch": 4, "seq": 512, "headroom": 0.05, "lora_r": 16,
+                   "offload_ok": False}
+
+
+def draw_problem(kind, r):
+    f = FAMILY[kind]
+    return {"model": f["model"], "gpu": f["gpu"], "batch": r.choice(BATCHES),
+            "seq": 128 * r.randint(f["seq"][0] // 128, f["seq"][1] // 128),
+            "headroom": round(r.uniform(*f["headroom"]), 3), "lora_r": r.choice(RANKS),
+            "offload_ok": r.random() < 0.5 if f["offload_ok"] is None else f["offload_ok"]}
 
 
 def plan_cases(hidden, r):
     if not hidden:
         return [{"problem": VISIBLE_PROBLEM}]
-    tight = r.randrange(len(HIDDEN_PROBLEMS))
-    loose = r.choice([i for i in range(len(HIDDEN_PROBLEMS)) if i != tight])
-    return [{"problem": {**HIDDEN_PROBLEMS[tight], "headroom": round(r.uniform(*TIGHT[tight]), 3)}},
-            {"problem": {**HIDDEN_PROBLEMS[loose], "headroom": round(r.uniform(*LOOSE), 3)}}]
+    kinds = list(FAMILY)
+    r.shuffle(kinds)
+    return [{"problem": draw_problem(k, r), "kind": k} for k in kinds]
 
 
 # ----------------------------------------------------------------------------- what a gradient is reduced to

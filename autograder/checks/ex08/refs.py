@@ -1,128 +1,149 @@
-"""Exercise 08's references: the grader's own, plain-torch implementation of the recipe (it never runs learner
-code): plain full-batch AdamW on the tiny model, the same plan done plainly at full size on the virtual GPU
-(its steady-state peak), and the cheapest fitting plans by brute force over the grid."""
+"""Exercise 08's references (never the learner's code): the same rung done plainly on the tiny twin (full
+batch, no checkpointing, one backward: plain torch, peft and bitsandbytes as the kit builds them), memlab.fit's
+model states for a plan, and the cheapest fitting plan by the stated order, found with memlab.fit."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 import memlab
-from memlab.clinic import run_full_size
-from memlab.kit.ex08 import MODELS, batch_data, build
+from memlab.kit.ex08 import (METHODS, OPTIMIZERS, PRECISIONS, build_tiny, fit_options, n_micro, one_thread,
+                             plan_error, tiny_batch, usable)
+
+_FIT = memlab.fit                 # bound at import: the grader's own, whatever a learner's call patches
 
 
-# ----------------------------------------------------------------------------- what a plan costs
-def n_micro(problem, plan) -> int:
-    return -(-problem["batch"] // plan["micro_batch"])
+# ----------------------------------------------------------------------------- task8_1
+def reference_tiny_run(problem, plan, seed: int, data_seed: int, steps: int):
+    """The same rung done plainly: the kit's model and optimizer, the whole batch in one forward and backward, no
+    checkpointing. The trainable parameters' gradients handed to each step, and their final values."""
+    with one_thread():
+        return _plain_run(problem, plan, seed, data_seed, steps)
 
 
-def cost(problem, plan) -> tuple[int, int]:
-    """(blocks recomputed per micro-batch, micro-batches per optimizer step): what a plan pays in time."""
-    return plan["checkpoint"], n_micro(problem, plan)
+def _plain_run(problem, plan, seed, data_seed, steps):
+    model, opt = build_tiny(problem, plan, seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g = torch.Generator().manual_seed(data_seed)
+    grads = []
+    for _ in range(steps):
+        x, y = tiny_batch(problem, g)
+        model(input_ids=x, labels=y).loss.backward()     # HF: the mean over batch x (seq - 1) tokens
+        grads.append([p.grad.detach().float().clone() for p in params])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return grads, [p.detach().float().clone() for p in params]
 
 
-def usable(problem) -> int:
-    """Bytes a plan may use: the preset's capacity (as memlab defines it now) minus the headroom."""
-    return int(memlab.VirtualGPU(problem["gpu"]).capacity * (1 - problem["headroom"]))
-
-
-# ----------------------------------------------------------------------------- the grader's references
-def _reference_loss(model, x, y, recompute: int):
-    """Mean cross-entropy of GPT on (x, y), the first `recompute` blocks under torch.utils.checkpoint: GPT's own
-    forward (embed, run_blocks, loss) with this model's run_blocks replaced by one that checkpoints them."""
-    blocks = model.blocks                                    # not `model`: no reference cycle through it
-
-    def run_blocks(h, rope):                                 # (B, T, C) -> (B, T, C), as GPT.run_blocks
-        for i, block in enumerate(blocks):
-            h = checkpoint(block, h, rope, use_reentrant=False) if i < recompute else block(h, rope)
-        return h
-    model.run_blocks = run_blocks                            # this instance only: the grader's own model
-    return model(x, y)
-
-
-def reference_full_step(problem, plan):
-    """The grader's own memory-saving step at full size: micro-batches of plan["micro_batch"] sequences, each
-    loss weighted by its share of the batch, backward per micro-batch, one AdamW step."""
-    def step(size="full"):
-        model, opt, _ = build(problem, plan, "full")
-        memlab.watch(model, opt)
-        x, y = batch_data(problem, "full")
-        B, mb = problem["batch"], plan["micro_batch"]
-        for s in range(0, B, mb):
-            loss = _reference_loss(model, x[s:s + mb], y[s:s + mb], plan["checkpoint"]) * (min(mb, B - s) / B)
+def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> int:
+    """The grader's own step of the plan on the small twin (micro-batches of plan["micro_batch"], each mean loss
+    weighted by its share, backward per micro-batch, one step), twice; the second step's peak."""
+    def step(model, opt, x, y):
+        B, m = x.shape[0], plan["micro_batch"]
+        for s in range(0, B, m):
+            loss = model(input_ids=x[s:s + m], labels=y[s:s + m]).loss * (min(m, B - s) / B)
             loss.backward()
             del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return step
+    with one_thread():
+        model, opt = build_tiny(problem, plan, seed, "small")
+        gen = torch.Generator().manual_seed(data_seed)
+        step(model, opt, *tiny_batch(problem, gen, "small"))
+        x, y = tiny_batch(problem, gen, "small")
+        with memlab.MemoryTracker(model, opt, device="cpu") as trk:
+            step(model, opt, x, y)
+    return int(trk.peak)
 
 
-@functools.lru_cache(maxsize=256)
-def _reference_peak(key) -> int:
-    problem, plan = dict(key[0]), dict(key[1])
-    gpu = memlab.VirtualGPU(problem["gpu"])
-    _, steady, _ = run_full_size(reference_full_step(problem, plan), gpu)
-    return int(steady)
+# ----------------------------------------------------------------------------- memlab.fit, cached
+def _key(problem, plan):
+    o = fit_options(problem, plan)
+    o.pop("headroom")
+    return problem["model"], problem["gpu"], tuple(sorted(o.items()))
 
 
-def reference_peak(problem, plan) -> int:
-    """Steady-state peak (bytes) of the grader's own step for this plan (an OOM counts as capacity + 1). Cached
-    without the headroom, which does not change the peak (hidden problems draw it)."""
-    measured = {k: v for k, v in problem.items() if k != "headroom"}
-    return _reference_peak((tuple(sorted(measured.items())), tuple(sorted(plan.items()))))
+@functools.lru_cache(maxsize=512)
+def _fit(key):
+    model, gpu, opts = key
+    r = _FIT(model, gpu, **dict(opts))
+    _N_PARAMS[model] = int(r.n_params)
+    return int(r.peak), {k: int(v) for k, v in r.model_states.items()}, int(r.capacity)
 
 
-def reference_fits(problem, plan) -> bool:
-    return reference_peak(problem, plan) <= usable(problem)
+_N_PARAMS: dict = {}
 
 
-@functools.lru_cache(maxsize=64)
-def _front(key):
-    problem = dict(key)
-    B, L = problem["batch"], MODELS[problem["model"]]["full"].n_layer
-    front, best = [], B + 1
-    for k in range(L + 1):                       # brute force over the grid, cheapest first; a plan with more
-        for n in range(1, best):                 # recomputation AND as many micro-batches is dominated: skipped
-            sizes = [m for m in range(B, 0, -1) if -(-B // m) == n]
-            fitting = [m for m in sizes if reference_fits(problem, {"micro_batch": m, "checkpoint": k,
-                                                                    "optimizer": "fused"})]
-            if fitting:
-                front.append((k, n, fitting[0]))
-                best = n
-                break
-        if best == 1:
-            break
-    return tuple(front)
+def fit_peak(problem, plan) -> int:
+    return _fit(_key(problem, plan))[0]
 
 
-def reference_front(problem) -> dict[int, tuple[int, int]]:
-    """The cheapest fitting plans: {checkpointed blocks k: (fewest micro-batches n, a micro_batch that fits with
-    them)}, only where no fitting plan is as cheap on both counts and cheaper on one (the Pareto front). Found by
-    brute force over the grid with the grader's own step and fused AdamW (which never needs more memory than
-    foreach). Every micro_batch is tried: the steady peak is not monotone in it when it does not divide the
-    batch (the first micro-batch runs before the gradients exist; a smaller last one is cheap)."""
-    return {k: (n, m) for k, n, m in _front(tuple(sorted(problem.items())))}
+def fits(problem, plan) -> bool:
+    """memlab.fit's verdict for the plan with the problem's headroom."""
+    return bool(_FIT(problem["model"], problem["gpu"], **fit_options(problem, plan)).fits)
 
 
-def dominating(problem, plan_cost, front) -> list[tuple[int, int]]:
-    """Fitting (k, n) costs no worse than plan_cost on both counts and better on one."""
-    k0, n0 = plan_cost
-    return [(k, n) for k, (n, _) in front.items() if k <= k0 and n <= n0 and (k, n) != (k0, n0)]
+def reference_states(problem, plan) -> dict:
+    """{"parameters", "gradients", "optimizer"}: bytes on the GPU just after the optimizer step, by memlab.fit
+    (they do not depend on batch, seq, micro-batches or checkpointing: measured at batch 1 x 32 tokens)."""
+    small = {**problem, "batch": 1, "seq": 32}
+    return dict(_fit(_key(small, {**plan, "micro_batch": 1, "checkpointing": True}))[1])
 
 
-def reference_tiny_run(problem, seed: int, data_seed: int, steps: int):
-    """Plain full-batch AdamW on the tiny model: the grads handed to each step, and the final weights."""
-    model, opt, params = build(problem, {"optimizer": "foreach", "micro_batch": 1, "checkpoint": 0}, "tiny", seed)
-    g = torch.Generator().manual_seed(data_seed)
-    grads = []
-    for _ in range(steps):
-        x, y = batch_data(problem, "tiny", g)
-        loss = model(x, y)                      # GPT.forward: mean cross-entropy over all batch x seq tokens
-        loss.backward()
-        grads.append([p.grad.detach().clone() for p in params])
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return grads, [p.detach().clone() for p in params]
+# ----------------------------------------------------------------------------- task8_3: the order and the grid
+def order_key(problem, plan) -> tuple:
+    """The stated cost order, cheapest first: what changes the result first (method full < lora < qlora,
+    precision fp32 < bf16, optimizer adamw < adamw8bit), then what only costs time (no offload < offload,
+    no checkpointing < checkpointing, fewer micro-batches < more)."""
+    return (METHODS.index(plan["method"]), PRECISIONS.index(plan["precision"]), OPTIMIZERS.index(plan["optimizer"]),
+            plan["offload"], plan["checkpointing"], n_micro(problem, plan))
+
+
+def grid(problem) -> list[dict]:
+    """Every valid plan of the problem (micro-batches dividing the batch, the problem's rank), cheapest first."""
+    B = problem["batch"]
+    out = []
+    for method in METHODS:
+        for precision in PRECISIONS:
+            for optimizer in OPTIMIZERS:
+                for offload in (False, True):
+                    for ckpt in (False, True):
+                        for mb in [d for d in range(B, 0, -1) if B % d == 0]:
+                            plan = {"method": method, "lora_r": problem["lora_r"], "precision": precision,
+                                    "optimizer": optimizer, "checkpointing": ckpt, "micro_batch": mb,
+                                    "offload": offload}
+                            if plan_error(plan, problem, dividing=True) is None:
+                                out.append(plan)
+    return sorted(out, key=lambda p: order_key(problem, p))
+
+
+def weights_floor(problem, plan) -> int:
+    """Bytes every plan of the plan's branch holds at its optimizer step, at least: the weights in the plan's
+    precision, and for full fine-tuning without offload a gradient as large (memlab.fit's parameter count; a
+    lower bound of its model states, which are a lower bound of its peak). 0 for QLoRA."""
+    if problem["model"] not in _N_PARAMS:
+        _fit(_key({**problem, "batch": 1, "seq": 32}, {**plan, "micro_batch": 1, "checkpointing": True}))
+    n, d = _N_PARAMS[problem["model"]], 4 if plan["precision"] == "fp32" else 2
+    if plan["method"] == "qlora":
+        return 0
+    return n * d * (2 if plan["method"] == "full" and not plan["offload"] else 1)
+
+
+def fitting_before(problem, key) -> dict | None:
+    """The first plan of the grid, in the order, that memlab.fit says fits and that comes before `key` (None: no
+    such plan). A plan whose branch's weights (and full gradients) alone exceed the usable bytes is not measured
+    (weights_floor)."""
+    room = usable(problem)
+    for plan in grid(problem):
+        if order_key(problem, plan) >= key:
+            return None
+        if weights_floor(problem, plan) > room:
+            continue
+        if fits(problem, plan):
+            return plan
+    return None
+def reference_plan(problem) -> dict | None:
+    """The cheapest plan that fits (None: none does)."""
+    return fitting_before(problem, (99,))
