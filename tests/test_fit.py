@@ -440,3 +440,37 @@ def test_qlora_dequantization_is_counted_per_use_of_the_4_bit_base():
 def extra_seconds_of(r):
     from memlab.fitting.search import extra_seconds
     return extra_seconds(r)
+
+
+def test_a_bad_config_file_fails_in_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": ')
+    with pytest.raises(ValueError, match=f"{bad} is not a readable JSON") as e:
+        load_config(str(bad))
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a JSON list"):
+        load_config(str(bad))
+    bad.write_text('{"hidden_size": 64}')
+    with pytest.raises(ValueError, match=f"{bad} has no 'model_type'"):
+        load_config(str(bad))
+    bad.write_text('{"model_type": "lama", "hidden_size": 64}')
+    with pytest.raises(ValueError, match="'lama', which transformers .* does not know \\(did you mean 'llama'") as e:
+        load_config(str(tmp_path))                                  # the folder holding config.json
+    assert "\n" not in str(e.value) and len(str(e.value)) < 600, "one line, not transformers' list of every model"
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bloomz-7b1"])
+def test_zero2_offload_states_equal_deepspeeds_estimator(model):
+    """DeepSpeed's estimate_zero2_model_states_mem_needs(cpu_offload=True) puts 2 * total_params bytes on each GPU
+    (deepspeed/runtime/zero/stage_1_and_2.py): fit's model states with the optimizer offloaded are those weights."""
+    r = memlab.fit(model, "A100-80GB", precision="mixed", zero=2, gpus=8, offload=True, batch=1, seq=64)
+    assert r.model_states == {"parameters": 2 * r.n_params, "gradients": 0, "optimizer": 0}
+
+
+def test_t5_3b_model_states_are_deepspeeds_published_figure():
+    """DeepSpeed's docs (memory.rst): t5-3b, ZeRO-2 on 8 GPUs, offload_optimizer=cpu -> '5.31GB' per GPU
+    (benchmarks/fit_published.md)."""
+    r = memlab.fit("t5-3b", "A100-80GB", precision="mixed", zero=2, gpus=8, offload=True, batch=1, seq=128)
+    assert r.n_params == 2_851_598_336
+    assert sum(r.model_states.values()) == 2 * 2_851_598_336
+    assert f"{sum(r.model_states.values()) / 2**30:.2f}" == "5.31"

@@ -28,6 +28,7 @@ with ZeRO, offload or paged state the same share is applied to the partitioned p
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 
 from ..core.gpus import HEADROOM, usable_bytes
+from .architectures import KINDS
 from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
 
@@ -69,12 +71,13 @@ def fit_presets() -> list[str]:
 
 def load_config(model):
     """A transformers PretrainedConfig from a preset name (`fit_presets()`), a path to a config.json (or to
-    the folder holding one), a dict of config.json contents, or a PretrainedConfig (copied)."""
-    from transformers import AutoConfig, PretrainedConfig
-    from ..quant.llama import silence_libraries
-    silence_libraries()
-    if isinstance(model, PretrainedConfig):
-        return copy.deepcopy(model)
+    the folder holding one), a dict of config.json contents, or a PretrainedConfig (copied). A file is read and
+    checked (JSON, a model_type) before transformers is imported, so a bad one fails at once, naming the file."""
+    if not isinstance(model, (dict, str, os.PathLike)):
+        from transformers import PretrainedConfig
+        if isinstance(model, PretrainedConfig):
+            return copy.deepcopy(model)
+    where = "the config"
     if isinstance(model, dict):
         d = dict(model)
     elif isinstance(model, (str, os.PathLike)):
@@ -86,13 +89,30 @@ def load_config(model):
         if not os.path.isfile(path):
             raise ValueError(f"model must be a preset ({', '.join(fit_presets())}), a path to a config.json, a "
                              f"dict or a transformers PretrainedConfig; {name!r} is none of these")
-        with open(path) as f:
-            d = json.load(f)
+        where = path
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"model: {path} is not a readable JSON config.json ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"model: {path} holds a JSON {type(d).__name__}, not a config.json object")
     else:
         raise TypeError(f"model must be a preset name, a config.json path, a dict or a PretrainedConfig, "
                         f"got {type(model).__name__}")
     if "model_type" not in d:
-        raise ValueError("model: the config has no 'model_type' (a Hugging Face config.json names it)")
+        raise ValueError(f"model: {where} has no 'model_type' (a Hugging Face config.json names it)")
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from ..quant.llama import silence_libraries
+    silence_libraries()
+    kind = d["model_type"]
+    if kind not in CONFIG_MAPPING_NAMES:
+        near = difflib.get_close_matches(str(kind), CONFIG_MAPPING_NAMES, n=3)
+        raise ValueError(f"model: {where} names model_type {kind!r}, which transformers {transformers.__version__} "
+                         f"does not know" + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
+                         + f"; memlab.fit runs {KINDS}")
     d = {k: v for k, v in d.items() if k not in ("transformers_version", "_name_or_path")}
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
