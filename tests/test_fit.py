@@ -220,7 +220,8 @@ def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
     assert both.returncode == 2 and "not allowed with" in both.stderr
     helped = _cli("--help")
     text = " ".join(helped.stdout.split())
-    assert all(opt in text for opt in ("--offload", "--no-search", "--micro-batch", "--headroom", "--lora-r"))
+    assert all(opt in text for opt in ("--offload", "--no-search", "--micro-batch", "--headroom", "--lora-r",
+                                       "--activation-offload", "--step-in-backward", "--paged", "--loss"))
     assert "amp: fp32 weights, bf16 autocast" in text and "mixed: bf16 weights and gradients + fp32 master" in text
 
 
@@ -474,3 +475,36 @@ def test_t5_3b_model_states_are_deepspeeds_published_figure():
     assert r.n_params == 2_851_598_336
     assert sum(r.model_states.values()) == 2 * 2_851_598_336
     assert f"{sum(r.model_states.values()) / 2**30:.2f}" == "5.31"
+
+
+def _saved_bytes_plainly(cfg_dict, seq):
+    """The bytes autograd saves in one plain bf16 forward of the model on real CPU tensors (parameters, views of
+    them and tensors under 1 KiB left out, each save counted, as torch.autograd.graph.save_on_cpu copies each)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(load_config(cfg_dict)).to(torch.bfloat16)
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        if not isinstance(t, torch.nn.Parameter) and not isinstance(t._base, torch.nn.Parameter) \
+                and t.numel() * t.element_size() >= 1024:
+            total += t.numel() * t.element_size()
+        return t
+    x = torch.randint(0, cfg_dict["vocab_size"], (1, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=x, labels=x, use_cache=False).loss.backward()
+    return total
+
+
+def test_activation_offload_takes_the_saved_tensors_off_the_card_and_counts_their_traffic():
+    plain = memlab.fit(TINY, 1, seq=128)
+    off = memlab.fit(TINY, 1, seq=128, activation_offload=True)
+    assert off.peak < plain.peak and off.by_phase["backward"] < plain.by_phase["backward"]
+    assert off.by_category["activations"] < 0.05 * max(plain.by_category["activations"], 1)
+    # two micro-batches of one sequence each send what one forward saves, out and back
+    saved = _saved_bytes_plainly(TINY, 128)
+    assert off.cost["offload_bytes"] == 2 * saved, (off.cost["offload_bytes"], saved)
+    acc = memlab.fit(TINY, 1, seq=128, batch=4, micro_batch=1, activation_offload=True)
+    assert acc.cost["offload_bytes"] == 4 * 2 * saved
+    with pytest.raises(ValueError, match="activation_offload"):
+        memlab.fit(TINY, 1, seq=128, mode="inference", activation_offload=True)

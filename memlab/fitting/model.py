@@ -371,7 +371,8 @@ def _fit_step(model, info: dict, plan) -> dict:
         opt.zero_grad(set_to_none=True)
     for i in range(min(2, plan.steps_per_batch)):
         batch = task_inputs(model, plan.micro, plan.seq)
-        with phase("forward"), (autocast or _null()):
+        with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload",
+                                                                                     False)):
             loss = _forward_loss(model, batch, plan)
         with phase("backward"):
             loss.backward()
@@ -401,7 +402,8 @@ def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
     hooks = [p.register_post_accumulate_grad_hook(step_now) for p in trainable]
     for _ in range(2):
         batch = task_inputs(model, plan.micro, plan.seq)
-        with phase("forward"), (autocast or _null()):
+        with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload",
+                                                                                     False)):
             loss = _forward_loss(model, batch, plan)
         with phase("backward"):
             loss.backward()
@@ -412,6 +414,36 @@ def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
     info["states"] = {k: v for k, v in trk[-1].breakdown().items()
                       if k in ("parameters", "gradients", "optimizer")} if trk else {}
     return info
+
+
+class offload_activations(torch.autograd.graph.saved_tensors_hooks):
+    """Activation offloading (torchtune's enable_activation_offloading, its OffloadActivations; PyTorch's
+    torch.autograd.graph.save_on_cpu) as the virtual GPU sees it: every tensor the forward saves for the backward
+    goes to the host, so the card's copy is freed when nothing else holds it, and comes back onto the card when the
+    backward needs it. As torchtune does, parameters (and views of them, such as a transposed weight) and tensors
+    under 1 KiB stay where they are. The virtual GPU's fake tensors report device "cpu" (memlab.VirtualGPU), so the
+    host copy here is a meta tensor, which nothing counts, and the tensor that comes back is a new one of the same
+    shape: bytes only (on real tensors use torch.autograd.graph.save_on_cpu). info["offloaded_bytes"] adds up what
+    went out, per save, as save_on_cpu copies each (an input saved by three projections goes out three times): the
+    PCIe traffic is twice that per micro-batch. enabled=False: a no-op."""
+    MIN_BYTES = 1024        # torchtune's min_offload_size
+
+    def __init__(self, info: dict, enabled: bool = True):
+        info.setdefault("offloaded_bytes", 0)
+
+        def pack(t):
+            if (not enabled or isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
+                    or t.numel() * t.element_size() < self.MIN_BYTES):
+                return t
+            info["offloaded_bytes"] += t.numel() * t.element_size()
+            return (t.device, torch.empty_like(t, device="meta"))     # on the host: off the card's books
+
+        def unpack(packed):
+            if isinstance(packed, torch.Tensor):
+                return packed
+            device, host = packed
+            return torch.empty_like(host, device=device)              # back on the card for the backward
+        super().__init__(pack, unpack)
 
 
 LOSS_CHUNKS = 8      # torchtune's CEWithChunkedOutputLoss default (num_output_chunks)

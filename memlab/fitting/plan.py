@@ -138,6 +138,7 @@ class Plan:
     loss: str = "full"
     step_in_backward: bool = False
     paged: bool = False
+    activation_offload: bool = False
 
     def check(self) -> "Plan":
         for name in ("batch", "seq", "gpus", "lora_r"):
@@ -151,6 +152,10 @@ class Plan:
         flag("offload", self.offload)
         flag("step_in_backward", self.step_in_backward)
         flag("paged", self.paged)
+        flag("activation_offload", self.activation_offload)
+        if self.activation_offload and self.mode != "train":
+            raise ValueError("activation_offload=True offloads what the forward saves for the backward: mode 'train' "
+                             "only")
         if self.paged and (self.optimizer == "sgd" or self.offload):
             raise ValueError("paged=True pages the optimizer's state: it needs optimizer 'adamw' or 'adamw8bit' "
                              "and no offload (which already keeps the state on the host)")
@@ -245,6 +250,7 @@ class FitResult:
                  f"{', non-quantized parts ' + p.get('qlora_rest', 'fp32') if p['method'] == 'qlora' else ''}"
                  f"{', chunked loss' if p.get('loss') == 'chunked' else ''}"
                  f"{', optimizer step in backward' if p.get('step_in_backward') else ''}"
+                 f"{', activations offloaded' if p.get('activation_offload') else ''}"
                  f"{', paged optimizer state' if p.get('paged') else ''}; "
                  f"{self.n_params / 1e9:.2f}B parameters, {self.trainable / 1e6:.1f}M trainable",
                  f"  {'category':<12} {'at peak':>11}     {'phase':<9} {'peak':>11}"]
@@ -324,7 +330,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
         optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
         qlora_rest: str = "fp32", loss: str = "full", step_in_backward: bool = False, paged: bool = False,
-        headroom: float = HEADROOM, context: int | None = None) -> FitResult:
+        activation_offload: bool = False, headroom: float = HEADROOM, context: int | None = None) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -358,6 +364,10 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
                 section 10), so it is not counted against the card; the cost counts it crossing PCIe twice per
                 step, the worst case. bitsandbytes pages only tensors of >= 1e5 values; here all the state is
                 counted as paged (norm and bias state is small)
+    activation_offload  every tensor the forward saves for the backward (but parameters and tensors under 1 KiB)
+                is copied to the host and its card copy freed, then brought back when the backward needs it
+                (torchtune's enable_activation_offloading; `memlab.fitting.model.offload_activations`); measured
+                on the virtual GPU, and the cost counts each offloaded byte crossing PCIe twice
     headroom    the share of capacity kept free for what is still not modelled (a longer batch than planned,
                 other processes, the allocator model's and the context's error): fits = reserved + context <=
                 capacity * (1 - headroom)
@@ -373,7 +383,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     t0 = time.perf_counter()
     precision = auto_precision(gpu) if precision == "auto" else precision
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
-                attention, lora_r, qlora_rest, loss, step_in_backward, paged).check()
+                attention, lora_r, qlora_rest, loss, step_in_backward, paged, activation_offload).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
     if context is not None:
         pos_int("context", context, zero_ok=True, what="a non-negative int of bytes or None")

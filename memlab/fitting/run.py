@@ -144,7 +144,8 @@ def plan_cost(cfg, plan, info: dict) -> dict:
                        ops are not counted). tokens = batch * seq per optimizer step.
       offload_bytes    bytes over PCIe per step: this rank's partition of the gradients to the CPU in fp32 (DeepSpeed
                        casts them before the copy: 4 bytes per trainable parameter) and of the updated weights back
-                       in the weights' dtype (2 bytes in 16-bit), the 4 + 2 bytes per parameter lesson 06 measures
+                       in the weights' dtype (2 bytes in 16-bit), the 4 + 2 bytes per parameter lesson 06 measures;
+                       with activation offloading also every offloaded activation, out and back, per micro-batch
       comm_bytes       bytes each rank sends, ring collectives ((N - 1) / N of the volume): ZeRO 0-2 reduce
                        the gradients (reduce-scatter + all-gather = 2 x gradient bytes, the ZeRO paper's
                        2 Psi, section 7); ZeRO-3 adds a weight all-gather in the forward and one in the backward
@@ -169,6 +170,8 @@ def plan_cost(cfg, plan, info: dict) -> dict:
     offload = (4 * -(-info["trainable"] // N) + -(-grads // N)) if plan.offload else 0
     ring = (N - 1) / N
     comm = 0 if N == 1 else int(ring * (2 * grads if plan.zero < 3 else grads + 2 * info["weight_bytes"]))
+    if getattr(plan, "activation_offload", False):    # measured over min(2, steps_per_batch) micro-batches
+        offload += 2 * info.get("offloaded_bytes", 0) * plan.steps_per_batch // min(2, plan.steps_per_batch)
     uses = 2 + (plan.checkpointing == "full")
     dequant = int(2.5 * info["layer_params"] * L * uses * plan.steps_per_batch) if plan.method == "qlora" else 0
     return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,

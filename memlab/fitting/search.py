@@ -58,15 +58,17 @@ def _divisors_desc(n: int) -> list[int]:
 # What practitioners turn on when the plain plan does not fit, cheapest first: each adds to the one before. The
 # chunked loss and the step in backward cost no extra time (the same FLOPs, in another order); paged optimizer state
 # costs its PCIe traffic when the driver evicts it (fit counts it in offload_bytes). The step in backward leaves no
-# room for gradient accumulation or ZeRO, so it is tried only with whole batches on one GPU.
+# room for gradient accumulation or ZeRO, so it is tried only with whole batches on one GPU. Activation offloading
+# comes last: it sends every saved activation over PCIe twice a step.
 EXTRAS = ({}, {"loss": "chunked"}, {"loss": "chunked", "step_in_backward": True},
-          {"loss": "chunked", "step_in_backward": True, "paged": True})
+          {"loss": "chunked", "step_in_backward": True, "paged": True},
+          {"loss": "chunked", "step_in_backward": True, "paged": True, "activation_offload": True})
 
 
 def extras_of(plan: dict) -> str:
     """The practitioner's options a plan turns on, as the search's table names them ("-" for none)."""
-    on = [name for key, name in (("loss", "chunked-loss"), ("step_in_backward", "step-in-bwd"), ("paged", "paged"))
-          if plan.get(key) not in (None, False, "full")]
+    on = [name for key, name in (("loss", "chunked-loss"), ("step_in_backward", "step-in-bwd"), ("paged", "paged"),
+                                 ("activation_offload", "act-offload")) if plan.get(key) not in (None, False, "full")]
     return ",".join(on) or "-"
 
 
@@ -81,8 +83,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     every divisor of `batch`), and for each number of GPUs in `gpus` ZeRO stage 0-3, with and without
     optimizer offload (`offload=True`; on one GPU ZeRO is only tried with offload). With `extras=True`, a plan
     with full checkpointing that does not fit is tried again with what practitioners add to it (`EXTRAS`, in
-    order: the chunked loss, then the optimizer step in backward, then paged optimizer state); the least-memory
-    plan of a branch is the least of these.
+    order: the chunked loss, then the optimizer step in backward, paged optimizer state, activation offloading);
+    the least-memory plan of a branch is the least of these.
     `precision` is kept as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
 
     Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
@@ -267,6 +269,9 @@ def main(argv=None) -> int:
     ap.add_argument("--paged", action="store_true",
                     help="bitsandbytes' paged optimizer state (PagedAdamW, PagedAdamW8bit): evicted to the host when "
                          "the card is full, so not counted against it; its PCIe traffic is counted in the cost")
+    ap.add_argument("--activation-offload", action="store_true",
+                    help="copy what the forward saves for the backward to the host and bring it back when the "
+                         "backward needs it (torchtune's enable_activation_offloading); its PCIe traffic is counted")
     ap.add_argument("--qlora-rest", choices=CHOICES["qlora_rest"], default="fp32",
                     help="with --method qlora: the dtype of the parts not quantized (embeddings, norms, head): fp32 "
                          "as peft's prepare_model_for_kbit_training leaves them, or 16bit as the QLoRA authors' "
@@ -296,7 +301,8 @@ def main(argv=None) -> int:
                 optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
                 mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
                 lora_r=args.lora_r, qlora_rest=args.qlora_rest, loss=args.loss,
-                step_in_backward=args.step_in_backward, paged=args.paged, headroom=args.headroom)
+                step_in_backward=args.step_in_backward, paged=args.paged,
+                activation_offload=args.activation_offload, headroom=args.headroom)
         print(r, flush=True)
         if args.search or (not r.fits and not args.no_search):
             print(f"\nsearching the cheapest combinations that fit (each new step takes about {r.seconds:.0f} s "
