@@ -5,6 +5,7 @@ them (`shard_phases`), and the extra work a plan costs per step (`plan_cost`).""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from ..core.track import CATEGORIES
@@ -19,8 +20,9 @@ BASE = 2
 
 
 def clear_cache():
-    """Forget the measured runs (measure caches them per config and run options)."""
+    """Forget the measured runs and the built models (measure caches them per config and options)."""
     _CACHE.clear()
+    _SKELETONS.clear()
 
 
 def _run_key(plan):
@@ -51,6 +53,21 @@ def allocator_bytes(tracker) -> dict:
             "reserved_cached": free["max_reserved"]}
 
 
+_SKELETONS: dict = {}
+
+
+def _skeleton(cfg_key: str, cfg, method, dtype, r, attention):
+    """`memlab.fitting.model.skeleton`, built once per config and model options and copied for each run (a run
+    gives the copy its storage): building one, peft's wrapping above all, is most of a run's time, and a search
+    runs the same model under many plans."""
+    from .model import skeleton
+    key = (cfg_key, cfg.num_hidden_layers, method, dtype, r, attention)
+    if key not in _SKELETONS:
+        _SKELETONS[key] = skeleton(cfg, method, dtype, r, attention)
+    sk, info = _SKELETONS[key]
+    return copy.deepcopy(sk), dict(info)
+
+
 def measure(cfg, plan) -> dict:
     """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
     to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...},
@@ -58,7 +75,7 @@ def measure(cfg, plan) -> dict:
     The allocator's overhead does not grow linearly with depth (fragmentation settles over several layers), so
     it is not extended: `fit` scales its peak by that run's reserved / allocated (checked against full-depth
     replays in benchmarks/fit.md: 0 to 6% above them, never below, on the plans tried)."""
-    from .model import cut_layers, fit_step, model_depth, precision_dtype, skeleton
+    from .model import cut_layers, fit_step, model_depth, precision_dtype
     from ..core.virtual_gpu import VirtualGPU
     key = (cfg.to_json_string(use_diff=False), _run_key(plan))
     if key in _CACHE:
@@ -69,7 +86,8 @@ def measure(cfg, plan) -> dict:
     runs = []
     ks = (BASE, BASE + 1) if L > BASE else (L,)
     for k in ks:
-        sk, info = skeleton(cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r, rp.attention)
+        sk, info = _skeleton(key[0], cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r,
+                             rp.attention)
         r = gpu.run(fit_step, sk, info, rp, timeline=True)
         runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)))
     if len(runs) == 1:

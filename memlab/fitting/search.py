@@ -149,13 +149,13 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
                 say(f"{m}, {opt}: its least-memory plan fits; looking for a cheaper one")
                 fitted_micro = 0               # the largest micro-batch that fitted with weaker checkpointing
                 for ckpt in ("none", "selective", "full"):
-                    for micro in _divisors_desc(batch):
-                        if micro <= fitted_micro:
-                            break
+                    xs = EXTRAS if extras and ckpt == "full" else EXTRAS[:1]
+
+                    def attempt(micro):
                         mb = None if micro == batch else micro
                         plan = dict(base, method=m, optimizer=opt, checkpointing=ckpt, micro_batch=mb)
                         hits = []
-                        for x in EXTRAS if extras and ckpt == "full" else EXTRAS[:1]:
+                        for x in xs:
                             if x.get("step_in_backward") and micro != batch:
                                 continue            # no gradient accumulation with the step in backward
                             hits = _shardings(cfg, gpu, gpus, offload, dict(plan, **x))
@@ -164,6 +164,14 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
                         say(f"{m}, {opt}, checkpointing {ckpt}, micro-batch {micro}: "
                             + ("does not fit" if not hits else "fits" if extras_of(hits[0].plan) == "-"
                                else f"fits with {extras_of(hits[0].plan)}"))
+                        return hits
+                    micros = [d for d in _divisors_desc(batch) if d > fitted_micro]
+                    # without the extras a plan's peak grows with its micro-batch: when the smallest does not fit,
+                    # no larger one does (the extras break this: the step in backward needs whole batches)
+                    if len(xs) == 1 and len(micros) > 1 and not attempt(micros[-1]):
+                        continue
+                    for micro in micros:
+                        hits = attempt(micro)
                         for r in hits:
                             keep(r)
                         if hits:
