@@ -107,3 +107,30 @@ def test_copy_onto_shared_storage_is_recorded():
         src[:].copy_(src)
         torch.empty_like(src).copy_(src)
     assert [e[2] for e in rec.events if e[0] == "copy"] == [True, True, False]
+
+
+def test_every_run_covers_every_roofline_and_timing_branch():
+    """Over many seeds (test_hidden_cases_cover_every_branch draws one): tensor-core matmuls below the tensor
+    ridge but above the vector one, and above the tensor ridge; T4's bfloat16 and every float32 matmul on the
+    vector peak; a 16-bit non-matmul on a GPU with tensor cores for its dtype; an odd and an even repeat count."""
+    for seed in range(50):
+        r = random.Random(seed)
+        ops = {c["op"] for c in ex00_cases._cost_cases(True, r)}
+        assert ops == {"matmul", "add", "mul", "relu", "softmax", "layer_norm"}
+        kinds = set()
+        for c in ex00_cases._roof_cases(True, r):
+            g = GPUS[c["gpu"]]
+            tensor = c["op"] == "matmul" and c["dtype"] in g["tensor_flops"]
+            intensity, ridge = c["flops"] / c["nbytes"], ex00_refs._peak(g, c["op"], c["dtype"]) / g["bandwidth"]
+            vec_ridge = g["vector_flops"] / g["bandwidth"]
+            if tensor:
+                kinds.add("tensor between" if vec_ridge < intensity < ridge else "tensor above" if intensity > ridge
+                          else "tensor below")
+            elif c["op"] == "matmul":
+                kinds.add(f"vector matmul {c['dtype']}")
+            elif c["dtype"] in g["tensor_flops"]:
+                kinds.add("16-bit non-matmul with tensor cores")
+        assert {"tensor between", "tensor above", "vector matmul bfloat16", "vector matmul float32",
+                "16-bit non-matmul with tensor cores"} <= kinds, (seed, kinds)
+        repeats = {c["repeats"] % 2 for c in ex00_cases._bw_cases(True, r)}
+        assert repeats == {0, 1}

@@ -90,3 +90,16 @@ def test_reference_schemes_come_from_pytorchs_pass():
     assert all(isinstance(b, CheckpointWrapper) for b in gpt.blocks)
     x, y = batches[0]
     assert torch.allclose(gpt(x, y), plain_gpt(x, y))
+
+
+def test_sqrt_cases_cover_every_branch_in_every_run():
+    """Task 2.2, every run: n = 1, a square and both its neighbours among the segment counts; every container, an
+    input without grad, a stack of a square number of blocks and one of a number that is not."""
+    import math
+    for seed in range(50):
+        ns_case, *stacks = ex02.TASKS["task2_2_sqrt_segments"].cases(True, random.Random(seed))
+        ns = ns_case["ns"]
+        assert 1 in ns and any(math.isqrt(n) ** 2 == n and n > 1 and {n - 1, n + 1} <= set(ns) for n in ns)
+        assert {c["container"] for c in stacks} == {"Sequential", "ModuleList", "list"}
+        assert any(not c["x_grad"] for c in stacks)
+        assert {math.isqrt(c["n"]) ** 2 == c["n"] for c in stacks} == {True, False}

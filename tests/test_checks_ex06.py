@@ -239,3 +239,14 @@ def test_ignoring_the_scheduler_loses_every_hidden_run_and_the_solution_keeps_it
     task.judge(case, decode(encode(task.run(case, ShardedOptimizer=right))))
     with pytest.raises(AssertionError, match="scheduler"):
         task.judge(case, decode(encode(task.run(case, ShardedOptimizer=wrong))))
+
+
+def test_every_hidden_run_passes_parameter_groups_and_a_flat_list():
+    """The text allows a list of tensors or a list of group dicts: every hidden run gives the optimizer both forms."""
+    for seed in range(30):
+        cases = ex06_cases.dp_cases(True, random.Random(seed))
+        assert {c["groups"] for c in cases} == {True, False}
+        for c in cases:
+            listed = kit06.param_groups(c, kit06.Net(c))
+            assert all(isinstance(g, dict) for g in listed) if c["groups"] else \
+                all(isinstance(p, torch.Tensor) for p in listed)

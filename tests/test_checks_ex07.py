@@ -116,3 +116,14 @@ def test_lora_A_scale_is_checked_against_the_bound():
     wide = [c for c in task.cases(True, random.Random(5)) if c["d_in"] >= 2048][0]
     with pytest.raises(AssertionError, match="too large"):
         task.judge(wide, decode(encode(ex07_run.lora_run(wide, LoRALinear=LoRALinear))))
+
+
+def test_every_hidden_draw_has_grouped_query_attention_and_full_heads():
+    """kv_heads < heads in every tiny case (k_proj and v_proj narrower than q_proj), kv_heads == heads at full size:
+    a count that ignores kv_heads, or that divides by it where it should not, loses every run."""
+    for seed in range(200):
+        cases = ex07_cases.qlora_cases(True, random.Random(seed))
+        for c in cases:
+            cfg = c["cfg"]
+            assert cfg["heads"] % cfg["kv_heads"] == 0
+            assert (cfg["kv_heads"] < cfg["heads"]) != c["virtual"], c

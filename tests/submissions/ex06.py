@@ -36,6 +36,11 @@ WRONG = {
         chunk = -(-len(ordered) // self.world)
         self.owner = {p: i // chunk for i, p in enumerate(ordered)}
 """)}, "must_lose": ALL1 + ALL2, "must_keep": ALL3},
+    # params taken to be parameter-group dicts always: a flat list of tensors (the other form the text allows)
+    # crashes the constructor; the visible case has groups, every hidden run a flat list
+    "param_groups_only": {"replace": {S1: edit(ZERO1, """        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+""", "")}, "must_lose": [f"{S1}_hidden", f"{S2}_hidden"], "must_keep": [f"{S1}_visible", f"{S2}_visible"] + ALL3},
     # the updated shards never leave their owner
     "no_broadcast": {"replace": {S1: edit(ZERO1, BROADCAST, "        pass")}, "must_lose": ALL1 + ALL2, "must_keep": ALL3},
     # a shared weight listed twice gets two owners and is stepped (and all-reduced) twice

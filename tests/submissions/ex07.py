@@ -111,6 +111,9 @@ def nf4_quantize(x, blocksize=64):
     "qlora_no_logsumexp": {"replace": {S4: edit(MEM, " + 2 * C + 4 * H ", " + 2 * C ")}, **_lose(ALL4)},
     # the RoPE cos/sin tables forgotten
     "qlora_no_rope_tables": {"replace": {S4: edit(MEM, " + 2 * 2 * seq * d", "")}, **_lose(ALL4)},
+    # k_proj and v_proj taken as (C, C): kv_heads ignored (right only without grouped-query attention)
+    "qlora_kv_heads_ignored": {"replace": {S4: edit(MEM, 'kv = cfg["kv_heads"] * (C // H)', "kv = C")},
+                               **_lose(ALL4)},
     # AdamW state in fp32 (8 bytes per parameter) and no step tensors
     "qlora_adam_fp32": {"replace": {S4: edit(MEM, '"optimizer": 4 * n_adapter + 4 * 14 * L',
                                               '"optimizer": 8 * n_adapter')},

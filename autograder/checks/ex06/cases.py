@@ -26,7 +26,8 @@ def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3, gamma=None)
 
 
 def dp_cases(hidden, r):
-    """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups, a frozen parameter,
+    """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups (the AdamW case) and a
+    flat list of tensors (the SGD case: the constructor must accept both forms), a frozen parameter,
     an unused one, a shared one, a learning-rate scheduler changing the outer optimizer's lr after every step
     (the AdamW case; the SGD case half the time), two different world sizes among 2-4, sizes that do not
     divide evenly."""
@@ -35,7 +36,7 @@ def dp_cases(hidden, r):
     n1, n2 = r.sample([2, 3, 4], 2)
     return [_case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False,
                   gamma=r.choice([0.3, 0.5, 2.0])),
-            _case(r, n2, "sgd", groups=r.random() < 0.5, frozen=r.random() < 0.5, unused=False, shared=True,
+            _case(r, n2, "sgd", groups=False, frozen=r.random() < 0.5, unused=False, shared=True,
                   gamma=r.choice([None, 0.5, 2.0]))]
 
 

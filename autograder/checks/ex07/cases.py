@@ -172,8 +172,9 @@ def qlora_cases(hidden, r):
         return [_qlora_case(TINY, 3, 2, 9, False, False), _qlora_case(TINY, 3, 2, 9, True, False)]
     heads = r.choice([2, 3, 4, 6])
     C = heads * 2 * r.randint(3, 7)                                  # head size even (RoPE), C no power of two
+    # grouped-query attention (H_kv < H) in every tiny case: the full-size configs below have H_kv == H
     tiny = {"hidden": C, "intermediate": r.randint(2 * C, 3 * C) | 1, "layers": r.randint(1, 3), "heads": heads,
-            "kv_heads": r.choice([k for k in (1, 2, 3, heads) if heads % k == 0]), "vocab": r.randint(300, 700)}
+            "kv_heads": r.choice([k for k in (1, 2, 3) if heads % k == 0 and k < heads]), "vocab": r.randint(300, 700)}
     rank = r.randint(1, 5)                                           # one rank: one model-state measurement
     with GLOBAL_STATE:
         if not _FULL_SIZE:
