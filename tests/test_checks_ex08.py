@@ -232,12 +232,14 @@ def test_family_offload_fits_full_fine_tuning():
 
 
 @pytest.mark.slow
-def test_solution_plans_and_states_pass_two_more_hidden_draws():
+def test_solution_plans_and_states_pass_more_hidden_draws():
+    """Fixed draws beside the fresh ones test_checks.py and the class run grade: two for 8.2, one for 8.3 (each of
+    its draws walks a grid of 7B/8B plans with memlab.fit)."""
     from autograder.checks.ex08 import TASKS
     ns = _namespace()
-    for tid, names in (("task8_2_state_bytes", {"state_bytes": ns["state_bytes"]}),
-                       ("task8_3_cheapest_plan", {"plan_for": ns["plan_for"]})):
+    for tid, names, seeds in (("task8_2_state_bytes", {"state_bytes": ns["state_bytes"]}, (7, 8)),
+                              ("task8_3_cheapest_plan", {"plan_for": ns["plan_for"]}, (7,))):
         task = TASKS[tid]
-        for seed in (7, 8):
+        for seed in seeds:
             for case in task.cases(True, random.Random(seed)):
                 task.judge(case, decode(encode(task.run(case, **names))))
