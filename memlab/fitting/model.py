@@ -370,13 +370,7 @@ def _fit_step(model, info: dict, plan) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
     for i in range(min(2, plan.steps_per_batch)):
-        batch = task_inputs(model, plan.micro, plan.seq)
-        with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload",
-                                                                                     False)):
-            loss = _forward_loss(model, batch, plan)
-        with phase("backward"):
-            loss.backward()
-        del loss, batch
+        _forward_backward(model, info, plan, autocast)
     watch(tensors=[p.grad for p in trainable if p.grad is not None], category="gradients")
     with phase("step"):
         opt.step()
@@ -385,6 +379,16 @@ def _fit_step(model, info: dict, plan) -> dict:
                           if k in ("parameters", "gradients", "optimizer")} if trk else {}
         opt.zero_grad(set_to_none=True)
     return info
+
+
+def _forward_backward(model, info: dict, plan, autocast) -> None:
+    """One micro-batch: a forward (phase "forward", autocast for "amp", activations offloaded if the plan says so)
+    and its backward (phase "backward"); nothing of it is kept."""
+    batch = task_inputs(model, plan.micro, plan.seq)
+    with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload", False)):
+        loss = _forward_loss(model, batch, plan)
+    with phase("backward"):
+        loss.backward()
 
 
 def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
@@ -401,13 +405,7 @@ def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
         opts[p].zero_grad(set_to_none=True)
     hooks = [p.register_post_accumulate_grad_hook(step_now) for p in trainable]
     for _ in range(2):
-        batch = task_inputs(model, plan.micro, plan.seq)
-        with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload",
-                                                                                     False)):
-            loss = _forward_loss(model, batch, plan)
-        with phase("backward"):
-            loss.backward()
-        del loss, batch
+        _forward_backward(model, info, plan, autocast)
     for h in hooks:
         h.remove()
     trk = active_trackers()
