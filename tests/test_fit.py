@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import memlab
+from _plain_step import plain_step
 from memlab.fitting.plan import Plan, fit_presets, load_config
 from memlab.fitting.model import AdamW8bitStandIn, fit_step, precision_dtype, skeleton
 from memlab.fitting.run import _run_key, measure
@@ -226,40 +227,9 @@ def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
 
 
 # ----------------------------------------------------------------------------- against a plain transformers step
-def _plain_step(cfg_dict, seq, method="full", checkpointing=False, warm=True):
-    """An independent reference: the model built the ordinary way (from_config, real CPU tensors, transformers'
-    own sdpa path and masks, peft's LoRA), two bf16 AdamW steps, counted by memlab's tracker. The step runs once
-    untracked first: some libraries make a small object on first use that then lives on (peft on GPT-2's Conv1D
-    left 2,048 B in a cold process), which a training run pays once, not per step."""
-    from transformers import AutoModelForCausalLM
-    if warm:
-        _plain_step(cfg_dict, seq, method, checkpointing, warm=False)
-    cfg = load_config(cfg_dict)
-    trk = MemoryTracker(device="cpu", round_to=512)
-    with trk:
-        with memlab.phase("load"):
-            model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)   # transformers' default attention
-            if method == "lora":
-                from peft import LoraConfig, get_peft_model
-                model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
-                                                         target_modules="all-linear", task_type="CAUSAL_LM"))
-            if checkpointing:
-                base = model.get_base_model() if method == "lora" else model
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.train()
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-            memlab.watch(model, opt)
-        for _ in range(2):   # the second step's forward and backward run beside the optimizer's state
-            x = torch.randint(0, cfg.vocab_size, (1, seq))
-            with memlab.phase("forward"):
-                loss = model(input_ids=x, labels=x, use_cache=False).loss   # fit's (and Trainer recipes') choice
-            with memlab.phase("backward"):
-                loss.backward()
-            del loss, x
-            with memlab.phase("step"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-    return trk
+def _plain_step(cfg_dict, seq, method="full", checkpointing=False):
+    """tests/_plain_step.py's independent reference: two plain bf16 AdamW steps of the causal LM, counted."""
+    return plain_step(cfg_dict, seq, method, checkpointing)
 
 
 FAMILIES = {

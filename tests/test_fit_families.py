@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import memlab
-from memlab.core.track import MemoryTracker
+from _plain_step import plain_step
 from memlab.core.virtual_gpu import VirtualGPU
 from memlab.fitting.model import fit_step, model_task, precision_dtype, skeleton
 from memlab.fitting.plan import Plan, load_config
@@ -45,59 +45,12 @@ FAMILIES = {
     "qwen3-moe": (dict(TINY_MOE, model_type="qwen3_moe", moe_intermediate_size=96, num_experts=4, head_dim=16,
                        decoder_sparse_step=1), "AutoModelForCausalLM"),
 }
-PEFT_TASK = {"AutoModelForSequenceClassification": "SEQ_CLS", "AutoModelForSeq2SeqLM": "SEQ_2_SEQ_LM",
-             "AutoModelForCausalLM": "CAUSAL_LM", "AutoModelForImageClassification": None}
 
 
-def _batch(cfg, auto, seq):
-    """The task's batch of one example, written out for each head."""
-    if auto == "AutoModelForImageClassification":
-        return {"pixel_values": torch.randn(1, cfg.num_channels, cfg.image_size, cfg.image_size).to(torch.bfloat16),
-                "labels": torch.randint(0, cfg.num_labels, (1,))}
-    x = torch.randint(0, cfg.vocab_size, (1, seq))
-    if auto == "AutoModelForSequenceClassification":
-        return {"input_ids": x, "labels": torch.randint(0, cfg.num_labels, (1,))}
-    if auto == "AutoModelForSeq2SeqLM":
-        return {"input_ids": x, "labels": torch.randint(0, cfg.vocab_size, (1, seq)), "use_cache": False}
-    return {"input_ids": x, "labels": x, "use_cache": False}
-
-
-def _reference(family, seq, method="full", checkpointing=False, dtype=torch.bfloat16, warm=True):
-    """Two AdamW steps of the plain model on real CPU tensors, counted by memlab's tracker (run once untracked first,
-    as tests/test_fit.py's _plain_step: libraries make small objects on first use)."""
-    import transformers
-    if warm:
-        _reference(family, seq, method, checkpointing, dtype, warm=False)
+def _reference(family, seq, method="full", checkpointing=False, dtype=torch.bfloat16):
+    """tests/_plain_step.py's two plain AdamW steps of the family's model with its task's Auto class."""
     cfg_dict, auto = FAMILIES[family]
-    cfg = load_config(cfg_dict)
-    trk = MemoryTracker(device="cpu", round_to=512)
-    with trk:
-        with memlab.phase("load"):
-            model = getattr(transformers, auto).from_config(cfg).to(dtype)
-            if method == "lora":   # a classifier's head trained whole, no adapters on it (peft's LoRA guides)
-                from peft import LoraConfig, get_peft_model
-                head = dict(exclude_modules=r".*(classifier|score)(\.(dense|out_proj))?",
-                            modules_to_save=["classifier"]) if "Classification" in auto else {}
-                model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
-                                                         target_modules="all-linear", task_type=PEFT_TASK[auto],
-                                                         **head))
-            if checkpointing:
-                base = model.get_base_model() if method == "lora" else model
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.train()
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-            memlab.watch(model, opt)
-        for _ in range(2):
-            batch = _batch(cfg, auto, seq)
-            with memlab.phase("forward"):
-                loss = model(**batch).loss
-            with memlab.phase("backward"):
-                loss.backward()
-            del loss, batch
-            with memlab.phase("step"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-    return trk
+    return plain_step(cfg_dict, seq, method, checkpointing, auto=auto, dtype=dtype)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -177,11 +130,7 @@ MIXTRAL_8X7B = dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, in
 def test_experts_in_fp32_run_on_the_virtual_gpu_as_on_real_tensors():
     """aten._grouped_mm's meta kernel takes bf16 only; fp32 experts (precision fp32/amp, QLoRA's) used to crash the
     fake run. Now the virtual GPU's bytes equal a real fp32 CPU step of the tiny Mixtral (the CPU kernel takes fp32)."""
-    FAMILIES["mixtral-fp32"] = (TINY_MOE, "AutoModelForCausalLM")
-    try:
-        trk = _reference("mixtral-fp32", 64, dtype=torch.float32)
-    finally:
-        del FAMILIES["mixtral-fp32"]
+    trk = plain_step(TINY_MOE, 64, dtype=torch.float32)
     r = memlab.fit(TINY_MOE, 1, seq=64, precision="fp32")
     assert r.peak == trk.peak and r.by_category == trk.peak_breakdown
     assert all(r.by_phase[ph] == trk.phase_peaks[ph]["total"] for ph in ("forward", "backward", "step"))
