@@ -10,7 +10,10 @@ runs), then calls each task's `run(case, **learner_names)`. It writes one JSON l
 cell error ({"cell": i, "where": ..., "error": text}) and per case ({"key": ..., "value":
 plain data} or {"key": ..., "error": text}) to the result channel: a pipe the grader
 holds, whose descriptor (MEMLAB_CHANNEL_FD) is taken, and closed under its number,
-before any learner code runs. Nothing here decides a score: the grader reads these
+before any learner code runs. A case marked "watched" runs inside a memory window: the harness asks the grader
+to reset the sandbox cgroup's memory mark before it and to read it after (see sandbox.py), and waits for each
+acknowledgement on a second pipe (MEMLAB_ACK_FD), so the grader sees that case's memory alone, from outside this
+process. Nothing here decides a score: the grader reads these
 lines after this process and every process it started have ended, and judges each
 value against a reference it computes itself.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
 import signal
 import sys
 import traceback
@@ -42,6 +46,20 @@ def main(job_dir: str) -> int:
     fd = int(os.environ.pop("MEMLAB_CHANNEL_FD"))
     channel = os.fdopen(os.dup(fd), "w", encoding="utf-8")
     os.close(fd)
+    ack_fd = os.environ.pop("MEMLAB_ACK_FD", None)
+    ack = None
+    if ack_fd is not None:
+        ack = os.dup(int(ack_fd))
+        os.close(int(ack_fd))
+
+    def window(what: str, key: str) -> None:
+        """Open or close the grader's memory window for `key`, and wait (at most 10 s) until it has."""
+        if ack is None:
+            return
+        channel.write(json.dumps({"window": what, "for": key}) + "\n")
+        channel.flush()
+        if select.select([ack], [], [], 10)[0]:
+            os.read(ack, 1)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)     # a file over the size limit fails to grow; no signal kills us
     checks = importlib.import_module(job["module"])
     from autograder.checks.common import encode
@@ -83,6 +101,9 @@ def main(job_dir: str) -> int:
         if missing:
             line["error"] = f"your notebook does not define {', '.join(missing)} (did its cell run without errors?)"
         else:
+            watched = isinstance(probe["case"], dict) and probe["case"].get("watched") is True
+            if watched:
+                window("open", probe["key"])
             signal.alarm(max(1, int(job["case_timeout"])))
             try:
                 line["value"] = json.loads(encode(task.run(probe["case"], **{n: ns[n] for n in task.names})))
@@ -92,6 +113,8 @@ def main(job_dir: str) -> int:
                     line["trace"] = traceback.format_exc(limit=-3)[-1500:]
             finally:
                 signal.alarm(0)
+                if watched:
+                    window("close", probe["key"])
         results.write(json.dumps(line) + "\n")
         results.flush()
     return 0

@@ -17,10 +17,17 @@ The learner's only writable folder is its scratch folder: with bubblewrap a fres
 channel, `run(channel=True)`), never through a file the learner can write. stdout and stderr go to files in the
 job directory (never to pipes that a learner's process could hold open), each capped by RLIMIT_FSIZE
 (`Limits.file_bytes`), and the grader reads only their tail (`tail`).
+
+A memory window (`WINDOW`): the harness may ask the grader to watch one piece of work from outside. It writes
+`{"window": "open", "for": KEY}` on the channel and waits for the grader's acknowledgement (a byte on a second
+pipe, MEMLAB_ACK_FD); the grader resets the cgroup's high-water mark to what the sandbox holds now. After the
+work, `{"window": "close", "for": KEY}`: the grader reads the mark again, and `Outcome.memory_growth[KEY]` is how
+far the sandbox's memory rose above where it stood when the window opened, the rest of the run left out.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -74,6 +81,8 @@ class Outcome:
     channel_truncated: bool = False     # it wrote more, and the rest was read and dropped
     memory_peak: int | None = None      # the most memory its processes held at once (its cgroup's record); None
                                         # without a memory cgroup
+    memory_growth: dict[str, int] = field(default_factory=dict)   # memory window -> the most the sandbox's
+                                        # memory rose above where it stood when the window opened (cgroup)
 
 
 def tail(path: Path, n: int = 2000) -> str:
@@ -88,13 +97,18 @@ def tail(path: Path, n: int = 2000) -> str:
         return ""
 
 
+WINDOW = b'{"window": '       # how a memory window's line starts (see the module's docstring)
+
+
 class _Drain(threading.Thread):
     """Reads a pipe to its end, keeping the first `cap` bytes and dropping the rest (so a learner who writes
-    without end neither blocks on a full pipe nor fills the grader's memory)."""
+    without end neither blocks on a full pipe nor fills the grader's memory). A complete line that starts with
+    WINDOW and is short goes to `window(line)` as well, as it arrives."""
 
-    def __init__(self, fd: int, cap: int):
+    def __init__(self, fd: int, cap: int, window=None):
         super().__init__(daemon=True)
         self.fd, self.cap, self.data, self.truncated = fd, cap, bytearray(), False
+        self.window, self.head = window, b""      # head: the first bytes of the line being read
 
     def run(self):
         try:
@@ -104,10 +118,79 @@ class _Drain(threading.Thread):
                     self.data += chunk[:room]
                 if len(chunk) > max(room, 0):
                     self.truncated = True
+                if self.window:
+                    self._lines(chunk)
         except OSError:
             pass
         finally:
             os.close(self.fd)
+
+    def _lines(self, chunk: bytes) -> None:
+        *done, rest = chunk.split(b"\n")
+        for piece in done:
+            line, self.head = self.head + piece[:512], b""
+            if line.startswith(WINDOW) and len(line) < 512:
+                self.window(line)
+        if len(self.head) < 512:
+            self.head += rest[:512]
+
+
+class _Windows:
+    """The grader's side of the memory windows of one run: reset the cgroup's mark when a window opens, read it
+    when it closes, and acknowledge every window line at once (never blocking on a reader that does not read)."""
+
+    def __init__(self, cgroups: list[Path], ack_fd: int):
+        self.cgroups, self.ack_fd = cgroups, ack_fd
+        self.open: dict[str, object] = {}        # key -> the function that reads the growth since it opened
+        self.growth: dict[str, int] = {}
+        self.peak_before = 0      # the run's high-water mark before the last reset (a v1 reset loses it)
+
+    def __call__(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+            what, key = msg.get("window"), msg.get("for")
+            if isinstance(key, str) and len(self.open) < 64:
+                if what == "open" and key not in self.open:      # the first opening counts: a later one is ignored
+                    self.peak_before = max(self.peak_before, _memory_peak(self.cgroups) or 0)
+                    self.open[key] = _reset_mark(self.cgroups)
+                elif what == "close" and self.open.get(key):     # the last closing counts: the mark only grows
+                    self.growth[key] = self.open[key]()
+        except (ValueError, AttributeError, OSError):
+            pass
+        try:
+            os.write(self.ack_fd, b"\n")
+        except OSError:     # the pipe is full (nobody reads the acknowledgements) or closed
+            pass
+
+    def close(self) -> None:
+        for read in self.open.values():
+            if hasattr(read, "fd"):
+                os.close(read.fd)
+        os.close(self.ack_fd)
+
+
+def _reset_mark(cgroups: list[Path]):
+    """Reset the memory cgroup's high-water mark to what it holds now; returns a function that reads how far it
+    has risen since (bytes), or None if this kernel cannot reset it (cgroup v2 before Linux 6.12)."""
+    for cg in cgroups:
+        v1 = cg / "memory.max_usage_in_bytes"
+        if v1.exists():                                    # v1: writing 0 resets it to the current usage
+            v1.write_text("0")
+            base = int(v1.read_text())
+            return lambda: int(v1.read_text()) - base
+        v2 = cg / "memory.peak"
+        if v2.exists():                                    # v2: a write resets it for reads through the same file
+            fd = os.open(v2, os.O_RDWR)
+            try:
+                os.write(fd, b"reset\n")
+                base = int(os.pread(fd, 64, 0))
+            except (OSError, ValueError):
+                os.close(fd)
+                return None
+            read = lambda: int(os.pread(fd, 64, 0)) - base        # noqa: E731
+            read.fd = fd
+            return read
+    return None
 
 
 def _bwrap() -> str | None:
@@ -210,8 +293,10 @@ class Sandbox:
                 if cg.exists():
                     cg.rmdir()
         pipe = os.pipe() if channel else None
+        ack = os.pipe() if channel else None            # the grader acknowledges each memory window line here
         if pipe:
-            env["MEMLAB_CHANNEL_FD"] = str(pipe[1])
+            env["MEMLAB_CHANNEL_FD"], env["MEMLAB_ACK_FD"] = str(pipe[1]), str(ack[0])
+            os.set_blocking(ack[1], False)
         if self.bwrap:
             cmd = self._bwrap_argv(argv, job_dir, binds, env, limits)
             child_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
@@ -238,12 +323,15 @@ class Sandbox:
             try:
                 proc = subprocess.Popen(cmd, cwd=job_dir, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                                         env=child_env, start_new_session=True, preexec_fn=preexec,
-                                        pass_fds=(pipe[1],) if pipe else ())
+                                        pass_fds=(pipe[1], ack[0]) if pipe else ())
             finally:
                 if pipe:
                     os.close(pipe[1])
+                    os.close(ack[0])
+            windows = None
             if pipe:
-                drain = _Drain(pipe[0], limits.channel_bytes)
+                windows = _Windows(cgs, ack[1])
+                drain = _Drain(pipe[0], limits.channel_bytes, windows)
                 drain.start()
             try:
                 proc.wait(timeout=limits.wall_s)
@@ -251,14 +339,18 @@ class Sandbox:
                 timed_out = True
             spaces = _pid_namespaces_below(proc.pid) if self.bwrap else set()
             peak = _memory_peak(cgs)
+            if peak is not None and windows:
+                peak = max(peak, windows.peak_before)
             _kill_all(proc, cgs)
             _wait_until_empty(spaces)
-        got, cut = b"", False
+        got, cut, growth = b"", False, {}
         if drain:
             drain.join(timeout=5)     # every writer has ended; one that escaped the sandbox is not waited for
-            got, cut = bytes(drain.data), drain.truncated or drain.is_alive()
+            got, cut, growth = bytes(drain.data), drain.truncated or drain.is_alive(), dict(windows.growth)
+            if not drain.is_alive():
+                windows.close()
         return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut,
-                       peak)
+                       peak, growth)
 
 
 def _memory_peak(cgroups: list[Path]) -> int | None:

@@ -157,7 +157,8 @@ TAMPERING = (
     (re.compile(r"\bsys\.(setprofile|settrace)\b|\bthreading\.setprofile\b"), "replaces the profiler hooks"),
     (re.compile(r"\bctypes\b|\bcffi\b"), "calls C directly (ctypes)"),
     (re.compile(r"\bgc\.(get_objects|get_referrers|get_referents)\b"), "walks the garbage collector's objects"),
-    (re.compile(r"/proc/self|MEMLAB_CHANNEL|\bos\.(write|dup2?|fdopen|open)\s*\("), "writes to file descriptors"),
+    (re.compile(r"/proc/self|MEMLAB_(CHANNEL|ACK)|\bos\.(write|read|dup2?|fdopen|open)\s*\("),
+     "uses file descriptors directly"),
     (re.compile(r"\bautograder\b"), "reaches into the grader's modules"),
     (re.compile(r"__globals__|__code__|__closure__|\bfunc_globals\b"), "rewrites functions' code or globals"),
     (re.compile(r"\b(setattr|delattr)\s*\(\s*(memlab|torch|autograder|sys|builtins)\b"),
@@ -186,6 +187,8 @@ class Graded:
     note: str | None = None                                                # the run as a whole (time-out ...)
     seconds: float = 0.0
     memory_peak: int | None = None                                         # the sandbox cgroup's peak (bytes)
+    memory_growth: dict[str, int] = field(default_factory=dict)            # watched case's key -> its memory
+                                                                           # growth seen from outside (bytes)
 
     @property
     def total(self) -> tuple[float, float]:
@@ -274,7 +277,7 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         argv = [sys.executable, "-m", "autograder.harness", str(job_dir)]
         out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True)
         graded.seconds = out.seconds
-        graded.memory_peak = out.memory_peak
+        graded.memory_peak, graded.memory_growth = out.memory_peak, out.memory_growth
         results, cell_errors, dropped = read_channel(out.channel)
         graded.cell_errors = [f"{e.get('where')}: {e.get('error')}"[:MAX_REASON_CHARS] for e in cell_errors][:20]
         notes = []
@@ -318,6 +321,8 @@ def read_channel(data: bytes) -> tuple[dict[str, dict], list[dict], int]:
                 if k in results else r
         elif "cell" in r:
             cells.append(r)
+        elif "window" in r:        # a memory window's opening or closing (sandbox.py), not a result
+            continue
         else:
             dropped += 1
     return results, cells, dropped
@@ -329,7 +334,7 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
     judging process runs out of time or memory, or dies, every test cell of this learner scores 0 with a note."""
     recv, send = _JUDGES.Pipe(duplex=False)
     proc = _JUDGES.Process(target=_judge_child, args=(send, module, plan, points, results, graded.note,
-                                                      budget.memory_bytes, graded.memory_peak), daemon=True)
+                                                      budget.memory_bytes, graded.memory_growth), daemon=True)
     proc.start()
     send.close()
     got, late = None, False
@@ -357,11 +362,12 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
 
 
 def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, note: str | None,
-                 memory_bytes: int, memory_peak: int | None = None) -> None:
+                 memory_bytes: int, memory_growth: dict[str, int] | None = None) -> None:
     """In the judging process: judge every case with one CPU thread, as the learner's code ran (float reductions
     then add up in the same order on both sides, so an optimizer that divides by tiny gradients cannot amplify
     a summation-order difference). Then the check module's `corroborate`, if it has one, sets what the sandbox saw
-    from outside (its memory peak) beside what the learner's process reported, and names what disagrees."""
+    from outside (a watched case's memory growth) beside what the learner's process reported, and names what
+    disagrees."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     import torch
     torch.set_num_threads(1)
@@ -370,11 +376,11 @@ def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, not
     graded = Graded(note=note)
     _judge_cases({gid: (tasks[tid], cases) for gid, (tid, cases) in plan.items()}, points, results, graded)
     flags = []
-    if memory_peak is not None and hasattr(checks, "corroborate"):
-        runs = [(tid, case, results.get(f"{gid}/{i}", {}).get("value")) for gid, (tid, cases) in plan.items()
-                for i, case in enumerate(cases)]
+    if memory_growth and hasattr(checks, "corroborate"):
+        runs = [(tid, case, results.get(f"{gid}/{i}", {}).get("value"), memory_growth.get(f"{gid}/{i}"))
+                for gid, (tid, cases) in plan.items() for i, case in enumerate(cases)]
         try:
-            flags = [str(f)[:MAX_REASON_CHARS] for f in checks.corroborate(runs, memory_peak)]
+            flags = [str(f)[:MAX_REASON_CHARS] for f in checks.corroborate(runs)]
         except Exception as e:      # a result too malformed to read was judged already; say so, do not stop
             flags = [f"corroboration could not read the results ({type(e).__name__})"]
     conn.send((graded.scores, graded.reasons, flags))

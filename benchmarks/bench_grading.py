@@ -1,14 +1,16 @@
 """Class grading throughput and the sandbox's cost per learner, on the drill exercise.
 
-    python benchmarks/bench_grading.py [--learners 8]
+    python benchmarks/bench_grading.py [--learners 8] [--integrity-only]
 
 Prints: the wall time of one class run with --jobs 1 and with --jobs 2 (same
 submissions, scores compared), and the time to grade one learner with the
 bubblewrap sandbox and with the plain-process fallback (MEMLAB_NO_BWRAP=1).
 Then what the integrity checks cost one learner beside that learner's whole grading
 (target: under 10%): the tampering scan of the cells, on exercise 05's reference
-notebook, and exercise 05's large case (the one the cgroup's memory peak
-corroborates), run alone in one thread as the sandbox runs it.
+notebook, and exercise 05's watched large case (the one the cgroup's memory window
+corroborates): its run, warm and in one thread as the sandbox runs it, its judging,
+and the two window handshakes; with the memory growth its window saw for the
+reference and for a learner who computes the whole score matrix in numpy.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ def solved(course: grade.Course) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--learners", type=int, default=8)
+    ap.add_argument("--integrity-only", action="store_true", help="only what the integrity checks cost")
     a = ap.parse_args()
     if a.learners < 2:
         raise SystemExit("--learners must be at least 2")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if a.integrity_only:
+            return integrity_overhead(tmp, stage_course_code(tmp / "stage"))
         course = grade.drill_course(tmp / "course")
         subs = tmp / "subs"
         subs.mkdir()
@@ -79,35 +84,77 @@ def main() -> None:
 
 
 def integrity_overhead(tmp: Path, stage: Path) -> None:
-    """The scan and the corroborated case against one whole grading of exercise 05's reference solution."""
+    """The scan and the watched case against one whole grading of exercise 05's reference solution."""
     import random
     import nbformat
     import torch
+    from autograder.checks.common import encode
     from autograder.checks.ex05 import TASKS, cases
     from autograder.trusted import code_to_run, read_notebook, tampering
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from _nb import solution_namespace, submission
+    from test_grading_containment import NUMPY_ATTENTION
     name = "05_efficient_attention"
-    nb = tmp / "ex05_reference.ipynb"
-    nbformat.write(submission(name), nb)
     ex = grade.exercise(name)
-    whole = grade_notebook(nb, ex, stage=stage)
-    cells = code_to_run(ex.template, read_notebook(nb))
+    graded = {}
+    for label, subs in (("reference", {}), ("numpy", {"task5_2_tiled_attention": NUMPY_ATTENTION})):
+        nb = tmp / f"ex05_{label}.ipynb"
+        nbformat.write(submission(name, subs), nb)
+        graded[label] = grade_notebook(nb, ex, stage=stage)
+    whole = graded["reference"]
+    cells = code_to_run(ex.template, read_notebook(tmp / "ex05_reference.ipynb"))
     t0 = time.perf_counter()
     for _ in range(100):
         tampering(cells)
     scan = (time.perf_counter() - t0) / 100
     torch.set_num_threads(1)
+    task = TASKS["task5_2_tiled_attention"]
     fn = solution_namespace(name, {})["tiled_attention"]
-    case = cases.large_case(random.Random(0))
-    t0 = time.perf_counter()
-    TASKS["task5_2_tiled_attention"].run(case, tiled_attention=fn)
-    large = time.perf_counter() - t0
-    print(f"integrity checks, exercise 05's reference ({whole.seconds:.1f} s in its sandbox, memory peak "
-          f"{(whole.memory_peak or 0) / 2**30:.2f} GiB, flags {whole.flags or 'none'}):")
+    r = random.Random(0)
+    warm, case = cases.attn_cases(True, r)[0], cases.large_case(r)
+    task.run(warm, tiled_attention=fn)            # in the sandbox the large case runs after five smaller ones
+    runs, judged = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        value = json.loads(encode(task.run(case, tiled_attention=fn)))
+        runs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        task.judge(case, value)
+        judged.append(time.perf_counter() - t0)
+    handshake = window_handshake(tmp)
+    large = sorted(runs)[1] + sorted(judged)[1] + 2 * handshake
+    growth = {k: max(g.memory_growth.values(), default=None) for k, g in graded.items()}
+    print(f"integrity checks, exercise 05's reference ({whole.seconds:.1f} s in its sandbox, flags "
+          f"{whole.flags or 'none'}):")
     print(f"  tampering scan of {len(cells)} cells: {scan * 1e3:.2f} ms ({100 * scan / whole.seconds:.3f}%)")
-    print(f"  the corroborated large case of task 5.2: {large:.2f} s ({100 * large / whole.seconds:.1f}% of the "
-          f"learner's sandbox time, which includes it)")
+    print(f"  the watched large case of task 5.2 ({case['lead'][0]} x {case['tq']} x {case['tk']}): run "
+          f"{sorted(runs)[1]:.3f} s + judge {sorted(judged)[1]:.3f} s + two window handshakes "
+          f"{2 * handshake * 1e3:.1f} ms = {large:.3f} s ({100 * large / whole.seconds:.1f}% of the learner's "
+          f"sandbox time)")
+    mib = {k: "none (no cgroup)" if v is None else f"{v / 2**20:.1f} MiB" for k, v in growth.items()}
+    print(f"  its memory window grew by {mib['reference']} for the reference and {mib['numpy']} for the numpy "
+          f"learner (flagged at {cases.LARGE_FLAG_BYTES / 2**20:.0f} MiB: numpy learner flagged "
+          f"{bool(graded['numpy'].flags)}, reference flagged {bool(whole.flags)})")
+
+
+def window_handshake(tmp: Path) -> float:
+    """Seconds for one memory window line to be acknowledged, median of 50, in a sandbox with the channel."""
+    code = ("import os, json, time, select\n"
+            "ch, ack = int(os.environ['MEMLAB_CHANNEL_FD']), int(os.environ['MEMLAB_ACK_FD'])\n"
+            "ts = []\n"
+            "for i in range(50):\n"
+            "    t0 = time.perf_counter()\n"
+            "    what = 'open' if i % 2 == 0 else 'close'\n"
+            "    os.write(ch, (json.dumps({'window': what, 'for': str(i // 2)}) + '\\n').encode())\n"
+            "    select.select([ack], [], [], 10)\n"
+            "    os.read(ack, 1)\n"
+            "    ts.append(time.perf_counter() - t0)\n"
+            "print(sorted(ts)[25])\n")
+    job = tmp / "handshake"
+    job.mkdir(exist_ok=True)
+    from autograder.trusted import python_binds
+    out = sandbox.Sandbox().run([sys.executable, "-c", code], job, python_binds(), {}, sandbox.Limits(), channel=True)
+    return float(out.stdout.read_text().split()[-1])
 
 
 if __name__ == "__main__":

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
 import pytest
 
 from autograder import grade, sandbox, trusted
+from autograder.sandbox import tail
 from autograder.trusted import Graded, JudgeBudget, judge_in_process, read_channel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,23 +177,88 @@ def test_the_sandbox_reports_its_memory_peak_from_outside(tmp_path):
     assert out.memory_peak is None
 
 
-def test_a_memory_peak_the_learners_process_did_not_report_is_flagged():
-    """Exercise 05's large case judged in the judging process with the sandbox's peak beside it: an honest tiled
-    pass (largest tensor a tile) with a low peak is not flagged; the same report with a peak as large as the score
-    matrix is; a result that already fails its memory bound is judged, not flagged."""
+WINDOWED = """import json, os, select, sys
+ch, ack = int(os.environ['MEMLAB_CHANNEL_FD']), int(os.environ['MEMLAB_ACK_FD'])
+def window(what, key):
+    os.write(ch, (json.dumps({'window': what, 'for': key}) + '\\n').encode())
+    assert select.select([ack], [], [], 10)[0], 'no acknowledgement'
+    os.read(ack, 1)
+def touch(mib):
+    b = bytearray(mib * 2**20)
+    for j in range(0, len(b), 4096):
+        b[j] = 1
+    return b
+before = touch(300)                       # held before any window opens: never counted
+window('open', 'small'); x = touch(8); del x; window('close', 'small')
+window('open', 'big'); y = touch(200); del y; window('close', 'big')
+window('open', 'big'); window('close', 'big')      # a second opening is ignored, a later closing still counts
+window('open', 'unclosed')
+window('close', 'never-opened')
+"""
+
+
+def test_a_memory_window_sees_one_pieces_growth_from_outside(tmp_path):
+    """The grader resets the cgroup's high-water mark when the harness opens a window and reads it when the window
+    closes: the growth is that piece's memory alone, not what the process held before (300 MiB here), and a window
+    reopened later keeps its first opening. Without a cgroup there is no growth, and the harness never blocks."""
+    need_bwrap()
+    box = sandbox.Sandbox()
+    if not box.cgroups:
+        pytest.skip("no writable memory cgroup here (grade as root)")
+    out = box.run([sys.executable, "-c", WINDOWED], tmp_path, trusted.python_binds(), {},
+                  sandbox.Limits(wall_s=60), channel=True)
+    assert out.returncode == 0, tail(out.stderr)
+    g = out.memory_growth
+    assert set(g) == {"small", "big"}, g                     # "unclosed" and "never-opened" give nothing
+    assert g["small"] < 40 * 2**20, g
+    assert 200 * 2**20 <= g["big"] < 260 * 2**20, g
+    assert out.memory_peak > 500 * 2**20                      # the whole run's peak holds both
+    results, cells, dropped = trusted.read_channel(out.channel)
+    assert (results, cells, dropped) == ({}, [], 0)           # window lines are neither results nor malformed
+    box.cgroups = []
+    job = tmp_path / "none"
+    job.mkdir()
+    out = box.run([sys.executable, "-c", WINDOWED], job, trusted.python_binds(), {}, sandbox.Limits(wall_s=60),
+                  channel=True)
+    assert out.returncode == 0 and out.memory_growth == {}, (tail(out.stderr), out.memory_growth)
+
+
+def test_window_lines_nobody_acknowledges_never_stall_the_grader(tmp_path):
+    """A learner's process that floods the channel with window lines and never reads the acknowledgements (the ack
+    pipe fills) cannot stall the grader's reader: the run ends at once, and only 64 windows are ever opened."""
+    need_bwrap()
+    code = ("import os, json\nch = int(os.environ['MEMLAB_CHANNEL_FD'])\n"
+            "for i in range(200000):\n"
+            "    os.write(ch, (json.dumps({'window': 'open', 'for': str(i)}) + '\\n').encode())\n"
+            "os.write(ch, b'{\"window\": \"open\", \"for\": \"x\"' + b' ' * 5000 + b'}\\n')\n")
+    t0 = time.monotonic()
+    out = sandbox.Sandbox().run([sys.executable, "-c", code], tmp_path, trusted.python_binds(), {},
+                                sandbox.Limits(wall_s=60), channel=True)
+    assert out.returncode == 0 and not out.timed_out, tail(out.stderr)
+    assert time.monotonic() - t0 < 30
+    assert out.memory_growth == {}
+
+
+def test_a_memory_growth_the_learners_process_did_not_report_is_flagged():
+    """Exercise 05's large case judged in the judging process with its window's growth beside it: an honest tiled
+    pass (largest tensor a tile) that grew a few MiB is not flagged; the same report with a growth of the score
+    matrix's size is; a result that already fails its memory bound is judged, not flagged; no growth (no cgroup),
+    no flag."""
     import random
     from autograder.checks.ex05 import cases as c5
     case = c5.large_case(random.Random(0))
+    assert case["watched"] is True
     gid = "task5_2_tiled_attention_hidden"
     plan = {gid: ("task5_2_tiled_attention", [case])}
     tile = case["lead"][0] * case["tile"] ** 2
-    for largest, peak, flagged in ((tile, 500 * 2**20, False), (tile, c5.LARGE_SCORES, True),
-                                   (case["lead"][0] * case["tq"] * case["tk"], c5.LARGE_SCORES, False),
-                                   (tile, None, False)):
-        graded = Graded(memory_peak=peak)
+    for largest, growth, flagged in ((tile, 6 * 2**20, False), (tile, c5.LARGE_SCORES, True),
+                                     (tile, c5.LARGE_FLAG_BYTES - 1, False),
+                                     (case["lead"][0] * case["tq"] * case["tk"], c5.LARGE_SCORES, False),
+                                     (tile, None, False)):
+        graded = Graded(memory_growth={} if growth is None else {f"{gid}/0": growth})
         results = {f"{gid}/0": {"key": f"{gid}/0", "value": {"out": [], "lse": [], "largest": largest, "ops": []}}}
         judge_in_process("autograder.checks.ex05", plan, {gid: 1.0}, results, graded, JudgeBudget())
-        assert bool(graded.flags) == flagged, (largest, peak, graded.flags)
+        assert bool(graded.flags) == flagged, (largest, growth, graded.flags)
         assert graded.scores[gid] == (0.0, 1.0)       # the empty rows fail their check either way
 
 
@@ -213,7 +280,8 @@ def tiled_attention(q, k, v, is_causal=False, tile=64):
 @pytest.mark.slow
 def test_attention_computed_where_the_tracker_cannot_see_is_flagged(tmp_path):
     """A learner who computes the whole score matrix in numpy passes exercise 05's in-process memory bound (the
-    tracker sees no torch tensor of it); the sandbox's cgroup peak gives it away and the learner is flagged."""
+    tracker sees no torch tensor of it); the memory window around the large case gives it away (the numpy pass
+    grows it by the score matrix and its copies) and the learner is flagged."""
     need_bwrap()
     if not sandbox.Sandbox().cgroups:
         pytest.skip("no writable memory cgroup here (grade as root)")
@@ -224,8 +292,10 @@ def test_attention_computed_where_the_tracker_cannot_see_is_flagged(tmp_path):
     nbformat.write(submission(name, {"task5_2_tiled_attention": NUMPY_ATTENTION}), nb)
     g = trusted.grade_notebook(nb, grade.exercise(name), stage=trusted.stage_course_code(tmp_path / "stage"))
     assert g.scores["task5_2_tiled_attention_hidden"][0] > 0, g.reasons      # the in-process bound was fooled
-    assert g.memory_peak and g.memory_peak > 2**29, g.memory_peak
-    assert any(f.startswith("task5_2_tiled_attention: the sandbox's memory peaked") for f in g.flags), g.flags
+    from autograder.checks.ex05 import cases as c5
+    (growth,) = g.memory_growth.values()
+    assert growth >= c5.LARGE_SCORES, g.memory_growth
+    assert any(f.startswith("task5_2_tiled_attention: while the large case ran") for f in g.flags), g.flags
 
 
 def test_limits_check_their_inputs():

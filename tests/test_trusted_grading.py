@@ -302,7 +302,7 @@ def nothing_outside_the_attackers_rows_changed(corpus_run):
     assert len(by_sid) == len(rows) - 1, "one row per learner and assignment"
     assert by_sid["honest"] == "honest,99_drill,3,3,6,6,", by_sid["honest"]      # the last column: no flags
     assert rows[0].endswith(",score,max_score,flags"), rows[0]
-    for sid, what in (("forged_channel", "writes to file descriptors"), ("calls_references", "grader's modules"),
+    for sid, what in (("forged_channel", "uses file descriptors directly"), ("calls_references", "grader's modules"),
                       ("patch_checks", "grader's modules")):
         assert what in by_sid[sid], (sid, by_sid[sid])
     flagged = {sid for sid, r in by_sid.items() if not r.endswith(",")}

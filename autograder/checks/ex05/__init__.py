@@ -26,19 +26,21 @@ TASKS = tasks(
 
 
 
-def corroborate(runs, memory_peak: int) -> list[str]:
+def corroborate(runs) -> list[str]:
     """Task 5.2's large case seen from outside: the learner's process reported no tensor larger than a score
-    tile, yet the sandbox's memory (its cgroup's peak) rose to most of the whole (10, 4000, 4000) fp32 score
-    matrix. Then something held the scores where the tracker could not see them (a dispatch mode switched off, work
-    done outside torch): flag it for the instructor."""
-    GiB = 2**30
-    for tid, case, value in runs:
-        if tid != "task5_2_tiled_attention" or "rows" not in case or not isinstance(value, dict):
+    tile, yet while that case ran (its memory window, sandbox.py) the sandbox's memory rose by half the whole
+    (LEAD, T, T) fp32 score matrix or more. Then something held the scores where the tracker could not see them (a
+    dispatch mode switched off, work done outside torch): flag it for the instructor. `runs` holds (task id, case,
+    value, the case's memory growth in bytes or None) for every case."""
+    MiB = 2**20
+    for tid, case, value, growth in runs:
+        if tid != "task5_2_tiled_attention" or not case.get("watched") or not isinstance(value, dict) \
+                or growth is None:
             continue
         largest = value.get("largest")
         if isinstance(largest, int) and largest <= largest_allowed(case, case["tile"]) \
-                and memory_peak >= LARGE_FLAG_BYTES:
-            return [f"task5_2_tiled_attention: the sandbox's memory peaked at {memory_peak / GiB:.2f} GiB, enough "
-                    f"for most of the large case's whole score matrix ({LARGE_SCORES / GiB:.2f} GiB), while your code "
-                    f"reported no tensor larger than a score tile"]
+                and growth >= LARGE_FLAG_BYTES:
+            return [f"task5_2_tiled_attention: while the large case ran, the sandbox's memory grew by "
+                    f"{growth / MiB:.0f} MiB, enough for much of its whole score matrix ({LARGE_SCORES / MiB:.0f} "
+                    f"MiB), while your code reported no tensor larger than a score tile"]
     return []

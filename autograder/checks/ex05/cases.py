@@ -132,23 +132,24 @@ def attn_cases(hidden, r):
             large_case(r)]
 
 
-# The large case: the whole (10, T, T) fp32 score matrix would be LARGE_SCORES bytes, twice what the reference
-# notebook's whole sandbox holds at its peak (0.29 GiB, `python benchmarks/bench_grading.py`), while a tiled pass adds
-# little (its score tiles are 10 x 256 x 256 x 4 B = 2.5 MiB, q, k, v and the output 1.2 MiB each). So the sandbox's
-# memory peak, read from its cgroup outside the learner's process, corroborates the largest tensor the learner's
-# process reports (`corroborate` in __init__.py). The work grows with the matrix, so it is no larger than that. Only a
-# few query rows come back (the whole output is more JSON than a result line may hold); the judge recomputes them.
-LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 10, 256     # 4000 = 15 tiles of 256 and a partial one
-LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 0.60 GiB
-# a run whose sandbox peaked at this many bytes held something of the scores' size beside the notebook: a naive pass
-# holds the scores on top of the notebook's own bytes (0.29 + 0.60 GiB at least)
-LARGE_FLAG_BYTES = 5 * LARGE_SCORES // 6                   # 0.50 GiB
+# The large case, watched from outside the learner's process: the harness runs it inside a memory window (the
+# grader resets the sandbox cgroup's high-water mark as it starts and reads it as it ends, sandbox.py), so the window
+# sees this case's memory alone, not the notebook's. A tiled pass adds little to what the process already holds
+# (score tiles of LEAD x 256 x 256 x 4 B = 0.5 MiB, q, k, v and the output 0.25 MiB each); a pass that makes the
+# whole (LEAD, T, T) fp32 score matrix adds LARGE_SCORES bytes at least, however it hides that from the tracker
+# (`corroborate` in __init__.py). Only a few query rows come back (the whole output is more JSON than a result line
+# may hold); the judge recomputes them.
+LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 2, 256      # 4000 = 15 tiles of 256 and a partial one
+LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 122 MiB
+# a window that grew this much held something of the scores' size; the reference's window grows by a few MiB
+# (`python benchmarks/bench_grading.py`)
+LARGE_FLAG_BYTES = LARGE_SCORES // 2                       # 61 MiB
 
 
 def large_case(r):
     rows = sorted(r.sample(range(LARGE_T - 1), 5)) + [LARGE_T - 1]
     return {"seed": r.randrange(2**31), "lead": [LARGE_LEAD], "tq": LARGE_T, "tk": LARGE_T, "d": 8,
-            "tile": LARGE_TILE, "causal": r.random() < 0.5, "steep": False, "rows": rows}
+            "tile": LARGE_TILE, "causal": r.random() < 0.5, "steep": False, "rows": rows, "watched": True}
 
 
 def flash_cases(hidden, r):
