@@ -90,6 +90,11 @@ WRONG = {
         **_only(S1, ALL1)},
     "layer_norm_without_weight_and_bias": {"replace": {S1: edit(COST, "(2 * n + 2 * x[-1]) * size", "2 * n * size")},
                                            **_only(S1, ALL1)},
+    # bytes per element from a table of the common training dtypes (float8 and float64 read as 2 bytes)
+    "itemsize_table_of_training_dtypes": {
+        "replace": {S1: edit(COST, "size = dtype.itemsize",
+                             "size = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}.get(dtype, 2)")},
+        **_only(S1, [f"{S1}_hidden"])},
     # task 0.2 --------------------------------------------------------------
     "ridge_from_vector_peak": {"replace": {S2: edit(ROOF, "ridge = peak / bw", "ridge = gpu['vector_flops'] / bw")},
                                **_only(S2, ALL2)},
@@ -99,6 +104,12 @@ WRONG = {
     "tensor_peak_for_every_op": {"replace": {S2: edit(ROOF, 'if op == "matmul" and name in gpu["tensor_flops"]:',
                                                        'if name in gpu["tensor_flops"]:')},
                                  **_only(S2, ALL2)},
+    # the GPU looked up by its name among the three presets: no figure read from the dict it was given
+    "gpu_looked_up_among_the_presets": {
+        "replace": {S2: "from memlab.kit.ex00 import GPUS as _PRESETS\n\n" + edit(
+            ROOF, '    name = str(dtype).split(".")[-1]\n',
+            '    name = str(dtype).split(".")[-1]\n    gpu = next(g for g in _PRESETS.values() if g["name"] == gpu["name"])\n')},
+        **_only(S2, [f"{S2}_hidden"])},
     # task 0.3 --------------------------------------------------------------
     "cold_first_run": {"replace": {S3: edit(BW, "    for _ in range(warmup):\n        dst.copy_(src)\n", "")},
                        **_only(S3, ALL3)},

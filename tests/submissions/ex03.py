@@ -33,7 +33,7 @@ class DynamicLossScaler:
         self._found_inf = found
         self._unscaled = True
 
-    def step(self, optimizer):
+    def step(self, optimizer, *args, **kwargs):
         {UNSCALE}
         {SKIP}
 
@@ -49,7 +49,7 @@ class DynamicLossScaler:
 _GUARD = '''if self._unscaled:
             raise RuntimeError("unscale_() has already been called since the last update()")'''
 _UNSCALE_ONCE = "if not self._unscaled:\n            self.unscale_(optimizer)"
-_STEP_IF_FINITE = "return None if self._found_inf else optimizer.step()"
+_STEP_IF_FINITE = "return None if self._found_inf else optimizer.step(*args, **kwargs)"
 _CHECK = "found = found or not bool(torch.isfinite(p.grad).all())"
 _BACKOFF = "self._scale *= self.backoff_factor\n            self._clean_steps = 0"
 _GROWS = '''if self._clean_steps == self.growth_interval:
@@ -65,6 +65,10 @@ def _scaler(guard=_GUARD, unscale=_UNSCALE_ONCE, skip=_STEP_IF_FINITE, grow=_GRO
 
 # steps even when the gradients hold inf/NaN (the scale still backs off)
 _NO_SKIP = _scaler(skip="optimizer.step()")
+# calls optimizer.step() without step's extra arguments: a closure passed to scaler.step never runs
+_DROPS_STEP_ARGUMENTS = _scaler(skip="return None if self._found_inf else optimizer.step()")
+# steps and skips right but returns nothing (GradScaler returns what optimizer.step returned)
+_STEP_RETURNS_NOTHING = _scaler(skip="if not self._found_inf:\n            optimizer.step(*args, **kwargs)")
 # backs off but never grows the scale again
 _NEVER_GROWS = _scaler(grow="pass")
 # step() always unscales, even after an explicit unscale_() (and unscale_ has no guard)
@@ -231,6 +235,12 @@ WRONG = {
     "no_skip_on_overflow": {"replace": {"task3_1_loss_scaler": _NO_SKIP},
                             "must_lose": _SCALER_LOSES,
                             "must_keep": ["task3_2_amp_step_hidden", "task3_3_dtype_report_hidden"]},
+    "step_drops_its_extra_arguments": {"replace": {"task3_1_loss_scaler": _DROPS_STEP_ARGUMENTS},
+                                       "must_lose": _SCALER_LOSES,
+                                       "must_keep": ["task3_2_amp_step_hidden"]},
+    "step_returns_nothing": {"replace": {"task3_1_loss_scaler": _STEP_RETURNS_NOTHING},
+                             "must_lose": _SCALER_LOSES,
+                             "must_keep": ["task3_3_dtype_report_hidden"]},
     "never_grows": {"replace": {"task3_1_loss_scaler": _NEVER_GROWS},
                     "must_lose": _SCALER_LOSES,
                     "must_keep": ["task3_2_amp_step_hidden"]},

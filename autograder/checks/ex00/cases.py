@@ -30,8 +30,11 @@ def _cost_cases(hidden, r):
     def d():
         return r.randint(3, 97) | 1                              # odd: never a power of two past 1
 
+    dtypes = list(DTYPES) + [r.choice(DTYPES) for _ in range(11 - len(DTYPES))]
+    r.shuffle(dtypes)                                            # every dtype in every run, on a different op
+
     def dt():
-        return r.choice(DTYPES)
+        return dtypes.pop()
 
     b, h, t, c = d(), d(), d(), d()
     m, k, n = d(), d(), d()
@@ -51,16 +54,36 @@ def _cost_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task 0.2: the roofline
+def gpu_spec(case) -> dict:
+    """The GPU a roofline case runs on: a preset of memlab.kit.ex00.GPUS, or the case's own made-up spec."""
+    return case["spec"] if "spec" in case else GPUS[case["gpu"]]
+
+
+def _made_up_gpu(r) -> dict:
+    """A GPU that is no preset (so no table of presets, no number copied from one, can stand in for reading the
+    dict): its own bandwidth and peaks, and tensor-core peaks for a random part of the half dtypes, with fp16 and
+    bf16 peaks that differ."""
+    bandwidth = r.uniform(0.2e12, 5e12)
+    vector = bandwidth * r.uniform(8, 40)
+    half = ["float16", "bfloat16", "float8_e4m3fn"]
+    r.shuffle(half)
+    tensor = {dt: vector * r.uniform(4, 30) for dt in half[:r.choice([1, 2])]}
+    return {"name": f"Test GPU {r.randrange(100, 1000)}", "bandwidth": bandwidth, "vector_flops": vector,
+            "tensor_flops": tensor, "source": "made up for this check"}
+
+
 def _roof_case(r, gpu, op, dtype, where):
     """`where` places the intensity: 'below' the vector ridge, 'between' the two ridges, 'above' the
-    tensor ridge (or the vector ridge when no tensor peak applies)."""
-    g = GPUS[gpu]
+    tensor ridge (or the vector ridge when no tensor peak applies). `gpu` is a preset's name or a made-up spec."""
+    g = GPUS[gpu] if isinstance(gpu, str) else gpu
     vec = g["vector_flops"] / g["bandwidth"]
     ten = max(g["tensor_flops"].values()) / g["bandwidth"]
     lo, hi = {"below": (0.1, 0.6 * vec), "between": (1.5 * vec, 0.6 * ten), "above": (1.6 * ten, 5 * ten)}[where]
     intensity = r.uniform(lo, hi)
     nbytes = r.randrange(10**6, 10**9)
-    return {"gpu": gpu, "op": op, "dtype": dtype, "flops": int(nbytes * intensity), "nbytes": nbytes}
+    case = {"gpu": g["name"] if isinstance(gpu, dict) else gpu, "op": op, "dtype": dtype,
+            "flops": int(nbytes * intensity), "nbytes": nbytes}
+    return dict(case, spec=gpu) if isinstance(gpu, dict) else case
 
 
 def _roof_cases(hidden, r):
@@ -69,10 +92,14 @@ def _roof_cases(hidden, r):
                 {"gpu": "A100", "op": "matmul", "dtype": "bfloat16", "flops": 2 * 64 * 4096 * 4096,
                  "nbytes": 2 * (64 * 4096 * 2 + 4096 * 4096)},
                 {"gpu": "T4", "op": "softmax", "dtype": "float16", "flops": 5 * 2**24, "nbytes": 4 * 2**24}]
-    big = r.choice(["A100", "H100"])
+    custom = _made_up_gpu(r)
+    with_tc, without_tc = next(iter(custom["tensor_flops"])), next(
+        dt for dt in ("float16", "bfloat16", "float8_e4m3fn") if dt not in custom["tensor_flops"])
     return [
-        _roof_case(r, big, "matmul", "bfloat16", "between"),         # memory-bound on tensor cores only
-        _roof_case(r, r.choice(["A100", "H100"]), "matmul", "float16", "above"),
+        _roof_case(r, "A100", "matmul", "bfloat16", "between"),      # memory-bound on tensor cores only
+        _roof_case(r, "H100", "matmul", "float16", "above"),
+        _roof_case(r, custom, "matmul", with_tc, r.choice(["between", "above"])),
+        _roof_case(r, custom, "matmul", without_tc, "between"),      # no tensor peak for it: the vector peak
         _roof_case(r, "T4", "matmul", "float16", "between"),
         _roof_case(r, "T4", "matmul", "bfloat16", "between"),         # no BF16 tensor cores: the vector peak
         _roof_case(r, "H100", "matmul", "float8_e4m3fn", "between"),

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..common import expect_int, expect_type, expected
-from .cases import GPUS, ITEMSIZE, KEYS, _describe, _numel
+from .cases import ITEMSIZE, KEYS, _describe, _numel, gpu_spec
 from .refs import _cost, _new_storage_reference, _peak
 
 # ----------------------------------------------------------------------------- task 0.1: FLOPs and bytes
@@ -46,7 +46,7 @@ def _roof_judge(case, got):
     missing = [k for k in KEYS if k not in got]
     if missing:
         raise AssertionError(f"roofline's dict lacks {missing}; expected the keys {list(KEYS)}")
-    g = GPUS[case["gpu"]]
+    g = gpu_spec(case)
     op, dtype = case["op"], case["dtype"]
     peak = _peak(g, op, dtype)
     intensity = case["flops"] / case["nbytes"]

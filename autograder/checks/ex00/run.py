@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import memlab
 
 from ..common import memlab_files, no_calls_into
-from .cases import GPUS, KEYS, _storage_fn, _storage_inputs
+from .cases import KEYS, _storage_fn, _storage_inputs, gpu_spec
 
 _perf_counter, _perf_counter_ns, _sleep = time.perf_counter, time.perf_counter_ns, time.sleep  # bound at import
 
@@ -61,7 +61,7 @@ def _cost_run(case, op_cost):
 
 # ----------------------------------------------------------------------------- task 0.2: the roofline
 def _roof_run(case, roofline):
-    gpu = copy.deepcopy(GPUS[case["gpu"]])
+    gpu = copy.deepcopy(gpu_spec(case))
     with _off_limits("task0_2_roofline"):
         res = roofline(case["flops"], case["nbytes"], case["op"], getattr(torch, case["dtype"]), gpu)
     if not isinstance(res, dict):

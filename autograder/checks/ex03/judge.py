@@ -12,6 +12,7 @@ from memlab.kit.ex03 import drive_scaler
 from ..common import expect_type, expected, mb
 from .cases import CATEGORY_KEYS
 from .refs import reference_amp, reference_report
+from .run import step_returns
 
 
 # ----------------------------------------------------------------------------- task3_1
@@ -53,9 +54,26 @@ def _guard_judge(got):
         f"does): step() has already unscaled, or skipped, this iteration (yours: {got.get('unscale_after_step')})")
 
 
+def _step_judge(case, got):
+    """step(optimizer, closure) against torch.amp.GradScaler's own step on the same iteration."""
+    ref = step_returns(lambda: torch.amp.GradScaler("cpu", **{k: case[k] for k in (
+        "init_scale", "growth_factor", "backoff_factor", "growth_interval")}))
+    for label, when in (("clean", "on a clean iteration"), ("skipped", "when a gradient holds inf")):
+        calls, want_calls = got.get(f"{label}_closure_calls"), ref[f"{label}_closure_calls"]
+        assert calls == want_calls, (
+            f"step(optimizer, closure) {when} ran the closure {calls} time(s), GradScaler runs it {want_calls}: "
+            + ("pass step's extra arguments on, optimizer.step(*args, **kwargs)" if label == "clean" else
+               "a skipped step must not call optimizer.step at all"))
+        ret, want = got.get(f"{label}_returns"), ref[f"{label}_returns"]
+        assert ret == want, (
+            f"step(optimizer, closure) {when} returned {ret!r}; GradScaler returns "
+            + ("what optimizer.step returned (here the closure's loss, 37.25)" if label == "clean" else "None"))
+
+
 def scaler_judge(case, got):
     if case["kind"] == "guard":
-        return _guard_judge(got)
+        _guard_judge(got)
+        return _step_judge(case, got)
     ref = drive_scaler(torch.amp.GradScaler("cpu", **{k: case[k] for k in (
         "init_scale", "growth_factor", "backoff_factor", "growth_interval")}), case)
     expect_type("the scaler run", got, dict)

@@ -53,7 +53,43 @@ def guard_probe(make) -> dict:
     s.scale(model(x, y)).backward()
     s.step(opt)
     after = raises(lambda: s.unscale_(opt))
-    return {"second_unscale": second, "unscale_after_step": after}
+    return {"second_unscale": second, "unscale_after_step": after, **step_returns(make)}
+
+
+def _returned(v):
+    """What step() returned, as plain data: None, a number, or the name of another type."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)) or (isinstance(v, torch.Tensor) and v.numel() == 1):
+        return float(v)
+    return f"<{type(v).__name__}>"
+
+
+def step_returns(make) -> dict:
+    """step(optimizer, closure) on a clean iteration and on one whose gradients hold inf: what it returned and
+    how often the closure ran (GradScaler passes step's extra arguments to optimizer.step and returns its result;
+    a skipped step never calls optimizer.step)."""
+    torch.manual_seed(1)
+    model = memlab.MLP(8, 8, 1, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    out = {}
+    for label in ("clean", "skipped"):
+        calls = []
+
+        def closure():
+            calls.append(1)
+            return torch.tensor(37.25)         # what SGD.step(closure) returns: the closure's loss
+        s = make()
+        s.scale(model(x, y)).backward()
+        if label == "skipped":
+            with torch.no_grad():
+                next(model.parameters()).grad[0, 0] = float("inf")
+        out[f"{label}_returns"] = _returned(s.step(opt, closure))
+        out[f"{label}_closure_calls"] = len(calls)
+        s.update()
+        opt.zero_grad(set_to_none=True)
+    return out
 
 
 def scaler_run(case, DynamicLossScaler):
