@@ -291,7 +291,30 @@ def train_1b3_fixed(size="full", data=None):
     return model
 '''
 
+# peaks taken as affine in the batch: extrapolated from two probes, then a walk to the edge (right for a plain
+# training step; a contrastive loss's (B, B) logits make the guess far off and the walk long)
+_EXTRAPOLATES_AS_IF_AFFINE = """
+def find_max_batch_size(step_fn, gpu, limit=4096):
+    def fits(batch):
+        return gpu.fits(step_fn, batch)
+    if not fits(1):
+        return 0
+    lo, hi = min(16, limit), min(32, limit)
+    p1, p2 = gpu.run(step_fn, lo, catch_oom=True).peak, gpu.run(step_fn, hi, catch_oom=True).peak
+    per = max((p2 - p1) // max(hi - lo, 1), 1)
+    b = max(1, min(limit, lo + (gpu.capacity - p1) // per))
+    while b < limit and fits(b + 1):
+        b += 1
+    while b > 1 and not fits(b):
+        b -= 1
+    return b
+"""
+
 WRONG.update({
+    "extrapolates_as_if_memory_were_affine_in_the_batch": {
+        "replace": {"task4_5_find_max_batch_size": _EXTRAPOLATES_AS_IF_AFFINE},
+        "must_lose": ["task4_5_find_max_batch_size_hidden"],
+        "must_keep": ["task4_5_find_max_batch_size_visible", "task4_6_leak_detector_hidden"]},
     "doubling_ignores_a_limit_that_is_not_a_power_of_two": {
         "replace": {"task4_5_find_max_batch_size": _DOUBLING_IGNORES_LIMIT},
         "must_lose": ["task4_5_find_max_batch_size_hidden"],

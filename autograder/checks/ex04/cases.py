@@ -6,7 +6,9 @@
   the virtual GPU) and a "tiny" case (fresh random data on the tiny instance; hidden: a fresh seed).
 - task4_5: staircase steps whose answer is exactly chosen (only batch 1 fits, a power of two, one below and
   one above one, anywhere, limit - 1, nothing fits, everything up to a limit that is or is not a power of
-  two) on preset and custom capacities, and a real training step on a T4 (visible).
+  two) on preset and custom capacities; a contrastive step whose memory grows with batch squared (its (B, B)
+  logits), so no answer extrapolated from a few probes as if memory were affine in the batch holds; and a real
+  AdamW training step (a T4 visible, a drawn GPU and width hidden).
 - task4_6: every leak (outputs, gradients, inputs, an evaluation with autograd on, a forward hook) and both
   traps (AdamW's and SGD's state created in step 1), the shortest run included; two leaking categories of
   different rates (the larger one later, and earlier, in memlab.CATEGORIES), a leak that starts in step 2, a
@@ -113,8 +115,30 @@ def _sequence_mlp_step(width):
     return step
 
 
+def _contrastive(fixed_bytes: int, per_sample: int, pairs: int):
+    """A step with a CLIP-style contrastive loss: a fixed buffer, per_sample bytes per batch element and fp32
+    logits between every pair of the batch in `pairs` heads, (pairs, B, B): fixed + per * B + 4 * pairs * B^2
+    bytes."""
+    def step(batch):
+        state = torch.empty(fixed_bytes, dtype=torch.uint8)               # like model states
+        acts = torch.empty(per_sample * batch, dtype=torch.uint8)         # like activations
+        logits = torch.empty(pairs, batch, batch)                         # (pairs, B, B) fp32: 4*pairs*B^2 bytes
+        return state, acts, logits
+    return step
+
+
 def case_step(case):
-    return _staircase(case["fixed"], case["per"]) if case["kind"] == "staircase" else _sequence_mlp_step(case["width"])
+    if case["kind"] == "staircase":
+        return _staircase(case["fixed"], case["per"])
+    if case["kind"] == "contrastive":
+        return _contrastive(case["fixed"], case["per"], case["pairs"])
+    return _sequence_mlp_step(case["width"])
+
+
+def step_bytes(case, batch: int) -> int:
+    """What a staircase or contrastive step holds at `batch`, each tensor rounded as the virtual GPU rounds it."""
+    b = round_up(case["fixed"]) + round_up(case["per"] * batch)
+    return b + round_up(4 * case["pairs"] * batch * batch) if case["kind"] == "contrastive" else b
 
 
 def _stair(r, gpu, target, limit):
@@ -125,6 +149,16 @@ def _stair(r, gpu, target, limit):
     fixed_r = (cap - per * target - slack) // ROUND * ROUND                   # room in [per*target, per*(target+1))
     fixed = max(0, fixed_r - r.randrange(ROUND))                              # rounds up to fixed_r
     return {**gpu, "kind": "staircase", "fixed": fixed, "per": per, "limit": limit}
+
+
+def _quadratic(r, gpu, target, limit):
+    """A contrastive step whose answer is exactly `target`, its B^2 logits most of the memory at the answer."""
+    cap = case_gpu(gpu).capacity
+    case = {**gpu, "kind": "contrastive", "fixed": 0, "per": ROUND * r.randint(1, 64), "limit": limit}
+    case["pairs"] = max(1, int(cap * r.uniform(0.4, 0.7)) // (4 * target * target))
+    need, more = step_bytes(case, target), step_bytes(case, target + 1)
+    fixed_r = (cap - need - r.randrange(0, (more - need) // ROUND) * ROUND) // ROUND * ROUND
+    return dict(case, fixed=max(0, fixed_r - r.randrange(ROUND)))    # rounds up to fixed_r: room for target only
 
 
 def max_batch_cases(hidden, r):
@@ -142,7 +176,10 @@ def max_batch_cases(hidden, r):
              _stair(r, gpus[2], 2 ** r.randint(2, 8) - 1, 5000),           # one below one
              _stair(r, gpus[3], 2 ** r.randint(2, 8) + 1, 1000),           # one above one
              _stair(r, gpus[4], r.randint(3, 999), 1000),                  # anywhere, limit not a power of two
-             _stair(r, gpus[5], 999, 1000)]                                # limit - 1
+             _stair(r, gpus[5], 999, 1000),                                # limit - 1
+             _quadratic(r, r.choice(gpus), r.randint(40, 900), 1000),      # memory quadratic in the batch
+             {"gpu": r.choice(["L4-24GB", "A100-40GB", "T4-16GB"]), "kind": "mlp",  # a real AdamW step
+              "width": r.choice([512, 768, 1024, 1536]), "limit": r.choice([1000, 4096])}]
     cap = memlab.VirtualGPU(capacity_gb=8).capacity
     cases.append({"capacity_gb": 8, "kind": "staircase", "fixed": cap + r.randrange(1, 10**6), "per": 1000,
                   "limit": 4096})                                          # nothing fits

@@ -185,6 +185,9 @@ def _desc(case, gpu):
     if case["kind"] == "staircase":
         return (f"a step needing {mb(case['fixed'])} + batch x {mb(case['per'])} on a {mb(gpu.capacity)} virtual "
                 f"GPU, limit={case['limit']}")
+    if case["kind"] == "contrastive":
+        return (f"a contrastive step needing {mb(case['fixed'])} + batch x {mb(case['per'])} + ({case['pairs']}, "
+                f"batch, batch) fp32 logits on a {mb(gpu.capacity)} virtual GPU, limit={case['limit']}")
     return (f"one AdamW step of a width-{case['width']} MLP over (batch, 1024, {case['width']}) inputs on the "
             f"{case['gpu']}, limit={case['limit']}")
 

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import memlab
 
-from .cases import case_gpu, case_step, leak_scenario, round_up
+from .cases import case_gpu, case_step, leak_scenario, step_bytes
 
 
 def reference_max_batch(case) -> int:
     """The largest batch in [1, limit] that fits, found without bisection, confirmed by the virtual GPU."""
     gpu, limit = case_gpu(case), case["limit"]
     fits = lambda b: gpu.fits(case_step(case), b)  # noqa: E731
-    if case["kind"] == "staircase":           # brute force over the exact byte formula
-        room = gpu.capacity - round_up(case["fixed"])
+    if case["kind"] in ("staircase", "contrastive"):     # brute force over the exact byte formula
         want = 0
         for b in range(1, limit + 1):
-            if round_up(case["per"] * b) > room:
+            if step_bytes(case, b) > gpu.capacity:
                 break
             want = b
     else:                                     # peaks are affine in the batch: extrapolate, then walk to the edge
