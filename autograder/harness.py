@@ -1,8 +1,9 @@
 """The learner's side of trusted grading: runs INSIDE the sandbox, never trusted.
 
-    python -m autograder.harness JOB_DIR
+    python -m autograder.harness < JOB
 
-JOB_DIR/job.json (written by the grader, read-only here) holds the notebook code to run,
+The job, read from stdin to its end before any learner code runs (so no file in the
+sandbox holds it, and the learner's code finds stdin empty), holds the notebook code to run,
 in order, and the probes: for each check case, the task id and the case's plain-data
 inputs. This process imports the exercise's check module first, runs the notebook code
 in an IPython shell (magics work; an error in one cell is recorded and the next cell
@@ -27,7 +28,6 @@ import select
 import signal
 import sys
 import traceback
-from pathlib import Path
 
 
 def _alarm(signum, frame):
@@ -39,9 +39,11 @@ def _learner_error(e: BaseException) -> str:
     return text if len(text) < 2000 else text[:2000] + " ..."
 
 
-def main(job_dir: str) -> int:
-    job_dir = Path(job_dir)
-    job = json.loads((job_dir / "job.json").read_text())
+def main() -> int:
+    job = json.loads(sys.stdin.buffer.read())
+    devnull = os.open(os.devnull, os.O_RDONLY)      # the learner's code reads an empty stdin, as under Jupyter
+    os.dup2(devnull, 0)
+    os.close(devnull)
     # the channel, the check module and the encoder are bound here, before any learner code runs
     fd = int(os.environ.pop("MEMLAB_CHANNEL_FD"))
     channel = os.fdopen(os.dup(fd), "w", encoding="utf-8")
@@ -122,4 +124,4 @@ def main(job_dir: str) -> int:
 
 if __name__ == "__main__":
     sys.stdout.reconfigure(line_buffering=True)
-    os._exit(main(sys.argv[1]))
+    os._exit(main())

@@ -13,7 +13,9 @@ protections are missing (`Sandbox.missing`).
 
 The learner's only writable folder is its scratch folder: with bubblewrap a fresh tmpfs of bounded size
 (`Limits.scratch_bytes`) at /scratch, without it a folder of the job directory. The job directory itself
-(what the grader wrote: job.json) is mounted read-only. Results come back on a pipe the grader holds (the
+(stdout and stderr) is mounted read-only. The job itself (what to run, the hidden cases) comes in on stdin
+(`run(stdin=...)`), which the learner's process reads to its end before any learner code runs, so no file
+holds it there. Results come back on a pipe the grader holds (the
 channel, `run(channel=True)`), never through a file the learner can write. stdout and stderr go to files in the
 job directory (never to pipes that a learner's process could hold open), each capped by RLIMIT_FSIZE
 (`Limits.file_bytes`), and the grader reads only their tail (`tail`).
@@ -264,10 +266,11 @@ class Sandbox:
 
     # ------------------------------------------------------------------ run
     def run(self, argv: list[str], job_dir: Path, binds: list[Path], env: dict[str, str], limits: Limits,
-            channel: bool = False) -> Outcome:
+            channel: bool = False, stdin: bytes | None = None) -> Outcome:
         """Run argv with `workdir(job_dir)` as its only writable folder and job_dir read-only; returns when every
         process of it has ended. With channel=True the process finds a pipe's write end in the file descriptor
-        named by the environment variable MEMLAB_CHANNEL_FD; what it writes there is Outcome.channel."""
+        named by the environment variable MEMLAB_CHANNEL_FD; what it writes there is Outcome.channel. `stdin` is
+        what the process reads on its standard input (a pipe, then end of file); without it, nothing."""
         job_dir = Path(job_dir)
         out, err = job_dir / "stdout.txt", job_dir / "stderr.txt"
         work = self.workdir(job_dir)
@@ -321,7 +324,8 @@ class Sandbox:
         drain = None
         with open(out, "wb") as fo, open(err, "wb") as fe:
             try:
-                proc = subprocess.Popen(cmd, cwd=job_dir, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                proc = subprocess.Popen(cmd, cwd=job_dir, stdin=subprocess.DEVNULL if stdin is None else
+                                        subprocess.PIPE, stdout=fo, stderr=fe,
                                         env=child_env, start_new_session=True, preexec_fn=preexec,
                                         pass_fds=(pipe[1], ack[0]) if pipe else ())
             finally:
@@ -329,6 +333,8 @@ class Sandbox:
                     os.close(pipe[1])
                     os.close(ack[0])
             windows = None
+            if stdin is not None:
+                threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
             if pipe:
                 windows = _Windows(cgs, ack[1])
                 drain = _Drain(pipe[0], limits.channel_bytes, windows)
@@ -351,6 +357,19 @@ class Sandbox:
                 windows.close()
         return Outcome(None if timed_out else proc.returncode, timed_out, time.monotonic() - t0, out, err, got, cut,
                        peak, growth)
+
+
+def _feed(pipe, data: bytes) -> None:
+    """Write data to the process's stdin and close it; a process that ends without reading it all is no error."""
+    try:
+        pipe.write(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _memory_peak(cgroups: list[Path]) -> int | None:

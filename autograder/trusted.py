@@ -268,14 +268,14 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
     graded = Graded(flags=tampering(cells))
     with tempfile.TemporaryDirectory(prefix="memlab-learner-") as tmp:
         job_dir = Path(tmp)
-        (job_dir / "job.json").write_text(json.dumps(job))
         work = sandbox.workdir(job_dir)
         n = "1"     # one thread, as the judge uses: the same summation order on both sides
         env = {"PYTHONPATH": str(stage), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
                "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
-        argv = [sys.executable, "-m", "autograder.harness", str(job_dir)]
-        out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True)
+        argv = [sys.executable, "-m", "autograder.harness"]
+        out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True,
+                          stdin=json.dumps(job).encode())
         graded.seconds = out.seconds
         graded.memory_peak, graded.memory_growth = out.memory_peak, out.memory_growth
         results, cell_errors, dropped = read_channel(out.channel)

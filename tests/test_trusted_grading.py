@@ -384,3 +384,28 @@ def test_class_refuses_an_empty_folder_and_an_unknown_assignment(tmp_path):
         grade.grade_class(tmp_path / "empty", A, course=course)
     with pytest.raises(SystemExit, match="unknown assignment"):
         grade.grade_class(tmp_path / "empty", "42_nothing", course=course)
+
+
+SNOOP = '''import glob, os, sys
+found = [sys.stdin.read(), " ".join(sys.argv)]
+for path in glob.glob("/tmp/**", recursive=True) + glob.glob("/proc/self/fd/*"):
+    try:
+        real = os.path.realpath(path)
+        found.append(path + ":" + (open(real, errors="replace").read(20000) if os.path.isfile(real) else real))
+    except Exception:
+        found.append(path)
+raise RuntimeError("FOUND " + " | ".join(found))
+'''
+
+
+def test_no_file_or_stream_in_the_sandbox_holds_the_job(tmp_path):
+    """The job (the notebook's code and every hidden case) reaches the harness on stdin, read to its end before any
+    learner code runs: a cell that reads stdin, argv, every file under /tmp (where the job folder is) and every
+    open descriptor that is a file finds no hidden case, and the learner is still graded in full."""
+    course = drill_course(tmp_path / "course")
+    nb = tmp_path / f"{A}.ipynb"
+    nb.write_text(json.dumps(make(course, extra_before=SNOOP)))
+    g = grade.check_notebook(nb, A, timeout=60, release=course.release)
+    assert g.total == (FULL, FULL), (g.scores, g.reasons, g.note)
+    (err,) = [e for e in g.cell_errors if "FOUND" in e]
+    assert "probes" not in err and "_hidden" not in err and "stdout.txt" in err, err
