@@ -1,6 +1,6 @@
 """Plausible-wrong submissions for exercise 01 and the points each must lose."""
 
-from . import edit
+from . import edit, solution_cells
 
 ASSIGNMENT = "01_memory_profiler"
 
@@ -23,6 +23,8 @@ class LiveBytes(TorchDispatchMode):
                 self.peak = max(self.peak, self.current)
         return out
 '''
+
+_LIVE = solution_cells(ASSIGNMENT)["task1_1_live_bytes"]
 
 _PHASES_AT_END = '''
 def profile_phases(model, optimizer, x, y):
@@ -199,6 +201,15 @@ _ESTIMATE_NO_LATE_BACKWARD = edit(_ESTIMATE_STATE_AT_FIRST_STEP, "forward_backwa
                                   "forward_backward = P + (0 if first_step else O) + X + A")
 
 WRONG = {
+    # watches the output tensor object, not its storage: a detached alias keeps the storage alive unseen
+    "weakref_on_the_tensor_not_the_storage": {"replace": {"task1_1_live_bytes": edit(
+        _LIVE, "self._live[key] = weakref.ref(st, freed)", "self._live[key] = weakref.ref(t, freed)")},
+        "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
+        "must_keep": ["task1_3_saved_per_layer_hidden"]},
+    # the tensor's element bytes, not its storage's: a strided output's storage is larger
+    "tensor_nbytes_not_storage_nbytes": {"replace": {"task1_1_live_bytes": edit(_LIVE, "n = st.nbytes()", "n = t.nbytes")},
+                                         "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
+                                         "must_keep": ["task1_4_category_breakdown_hidden"]},
     "views_counted": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_VIEWS},
                       "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden"],
                       "must_keep": ["task1_3_saved_per_layer_hidden", "task1_5_estimate_peak_hidden"]},

@@ -83,7 +83,7 @@ def _breakdown_setup(case):
 # ----------------------------------------------------------------------------- task1_1
 def _live_cases(hidden, r):
     if not hidden:
-        return [{"n1": 1000, "dtype": "float32", "sort_n": 300, "stream": []}]
+        return [{"n1": 1000, "dtype": "float32", "sort_n": 300, "stream": [], "n_detach": 250, "strided": [10, 100]}]
     stream, live = [], []
     first = ["float32", "float16", "int8"]
     r.shuffle(first)                                # every itemsize in every run
@@ -94,7 +94,8 @@ def _live_cases(hidden, r):
             stream.append(["alloc", r.randrange(1, 4000), first[i] if i < 3 else r.choice(first)])
             live.append(i)
     return [{"n1": r.randrange(100, 5000), "dtype": r.choice(["float16", "float64", "int64"]),
-             "sort_n": r.randrange(1, 700), "stream": stream}]
+             "sort_n": r.randrange(1, 700), "stream": stream, "n_detach": r.randrange(100, 3000),
+             "strided": [r.randrange(3, 40), r.randrange(20, 200)]}]       # a storage far larger than the tensor
 
 
 # ----------------------------------------------------------------------------- task1_2

@@ -67,6 +67,20 @@ def _live_judge(case, got):
         peak = max(peak, cur)
         want.append((cur, peak))
         steps.append(f"random step {i} ({op[0]} of {op[1]}{' ' + op[2] if op[0] == 'alloc' else ''})")
+    s4 = 4 * case["n_detach"]
+    n, stride = case["strided"]
+    s5 = 4 * ((n - 1) * stride + 1)                       # the storage empty_strided allocates: it spans every stride
+    for delta, what in ((s4, "c = torch.zeros(n)"),
+                        (0, "d = c.detach(); del c: d shares c's storage without being a view of c, so the storage "
+                            "is alive (watch the storage, weakref.ref(storage, ...), not the tensor object)"),
+                        (-s4, "del d: the storage's last tensor is gone"),
+                        (s5, f"e = torch.empty_strided(({n},), ({stride},)): its storage spans every stride, far "
+                             f"more than {n} floats (count storage.nbytes(), not tensor.nbytes)"),
+                        (-s5, "del e")):
+        cur += delta
+        peak = max(peak, cur)
+        want.append((cur, peak))
+        steps.append(what)
     desc = f"(n1={case['n1']}, dtype={case['dtype']}, sort of {case['sort_n']} floats)"
     if type(got) is not list or len(got) != len(want):
         raise AssertionError("LiveBytes: the check could not observe every step")

@@ -72,6 +72,17 @@ def _live_run(case, LiveBytes):
             else:
                 live[i] = torch.empty(op[1], dtype=DTYPES[op[2]])
             note()
+        c = torch.zeros(case["n_detach"])                       # a new storage, then a detached alias of it
+        note()
+        d = c.detach()                                           # shares c's storage, but is not a view of c
+        del c
+        note()                                                   # the storage is alive while d holds it
+        del d
+        note()                                                   # now it is freed
+        e = torch.empty_strided((case["strided"][0],), (case["strided"][1],))   # storage larger than the tensor
+        note()
+        del e
+        note()
         del b
     return seen
 
