@@ -69,6 +69,8 @@ _NO_SKIP = _scaler(skip="optimizer.step()")
 _DROPS_STEP_ARGUMENTS = _scaler(skip="return None if self._found_inf else optimizer.step()")
 # steps and skips right but returns nothing (GradScaler returns what optimizer.step returned)
 _STEP_RETURNS_NOTHING = _scaler(skip="if not self._found_inf:\n            optimizer.step(*args, **kwargs)")
+# divides the gradients into new tensors instead of in place: a reference to the old .grad still holds scaled values
+_UNSCALE_OUT_OF_PLACE = _scaler().replace("p.grad.mul_(inv)", "p.grad = p.grad * inv")
 # backs off but never grows the scale again
 _NEVER_GROWS = _scaler(grow="pass")
 # step() always unscales, even after an explicit unscale_() (and unscale_ has no guard)
@@ -212,6 +214,12 @@ _DEL_LOSS = _amp(forward='''with torch.autocast(next(model.parameters()).device.
             loss = model(x, y) / k''').replace("        total += loss.item()\n",
                                                  "        total += loss.item()\n        del loss\n")
 
+# every row starts with all three dtypes at 0 bytes: the dtypes that are not there stay in the report
+_KEEPS_ZERO_ENTRIES = _REPORT_ALT.replace(
+    '    report = {"parameters": {}, "gradients": {}, "optimizer": {}, "activations": {}}',
+    '    report = {c: {torch.float32: 0, torch.float16: 0, torch.bfloat16: 0}\n'
+    '              for c in ("parameters", "gradients", "optimizer", "activations")}')
+
 _SCALER_LOSES = ["task3_1_loss_scaler_visible", "task3_1_loss_scaler_hidden"]
 _AMP_LOSES = ["task3_2_amp_step_visible", "task3_2_amp_step_hidden"]
 _REPORT_LOSES = ["task3_3_dtype_report_visible", "task3_3_dtype_report_hidden"]
@@ -235,6 +243,12 @@ WRONG = {
     "no_skip_on_overflow": {"replace": {"task3_1_loss_scaler": _NO_SKIP},
                             "must_lose": _SCALER_LOSES,
                             "must_keep": ["task3_2_amp_step_hidden", "task3_3_dtype_report_hidden"]},
+    "unscales_out_of_place": {"replace": {"task3_1_loss_scaler": _UNSCALE_OUT_OF_PLACE},
+                              "must_lose": _SCALER_LOSES,
+                              "must_keep": ["task3_2_amp_step_hidden"]},
+    "report_keeps_dtypes_with_zero_bytes": {"replace": {"task3_3_dtype_report": _KEEPS_ZERO_ENTRIES},
+                                            "must_lose": _REPORT_LOSES,
+                                            "must_keep": ["task3_1_loss_scaler_hidden"]},
     "step_drops_its_extra_arguments": {"replace": {"task3_1_loss_scaler": _DROPS_STEP_ARGUMENTS},
                                        "must_lose": _SCALER_LOSES,
                                        "must_keep": ["task3_2_amp_step_hidden"]},

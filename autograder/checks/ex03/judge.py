@@ -46,6 +46,10 @@ def _ratio(stu, ref):
 
 def _guard_judge(got):
     expect_type("the guard probe", got, dict)
+    assert got.get("unscale_in_place") is True, (
+        "unscale_(optimizer) must divide every .grad by the scale IN PLACE (p.grad.mul_(1 / S)), as GradScaler "
+        "does: after it the same gradient tensors hold the true values (code holding a gradient, a hook or a "
+        "gradient bucket, sees them), not new tensors assigned to p.grad")
     assert got.get("second_unscale") is True, (
         "calling unscale_(optimizer) twice before update() must raise RuntimeError (as GradScaler does): a second "
         f"call would divide the gradients by the scale again (yours: {got.get('second_unscale')})")
@@ -273,7 +277,10 @@ def report_judge(case, got):
         if bad:
             raise AssertionError(f"dtype_report(...)['{k}'] values must be Python ints (byte counts), got {bad}. "
                                  f"Hint: storage.nbytes() is an int; .item() turns a tensor into one.")
-        row = {d: n for d, n in row.items() if n}
+        zero = sorted(d for d, n in row.items() if n == 0)
+        if zero:
+            raise AssertionError(f"dtype_report(...)['{k}'] lists {zero} with 0 bytes: leave out the dtypes with no "
+                                 f"bytes, so that the report names only the dtypes that are really there")
         total = sum(row.values())
         if total != want_total[k]:
             raise AssertionError(f"{where} {k}: memlab's tracker measures {want_total[k]} bytes "

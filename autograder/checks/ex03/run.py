@@ -46,14 +46,20 @@ def guard_probe(make) -> dict:
     x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
     s = make()
     s.scale(model(x, y)).backward()
+    grads = [p.grad for p in model.parameters()]
+    scaled = [g.clone() for g in grads]
     s.unscale_(opt)
+    # in place: the same .grad tensors now hold the scaled values divided by the scale
+    in_place = all(p.grad is g for p, g in zip(model.parameters(), grads)) and all(
+        torch.allclose(g, b / s.get_scale(), rtol=1e-6, atol=0) for g, b in zip(grads, scaled))
     second = raises(lambda: s.unscale_(opt))
     opt.zero_grad(set_to_none=True)
     s = make()
     s.scale(model(x, y)).backward()
     s.step(opt)
     after = raises(lambda: s.unscale_(opt))
-    return {"second_unscale": second, "unscale_after_step": after, **step_returns(make)}
+    return {"second_unscale": second, "unscale_after_step": after, "unscale_in_place": in_place,
+            **step_returns(make)}
 
 
 def _returned(v):
