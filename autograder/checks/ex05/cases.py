@@ -3,7 +3,9 @@
 - task5_1: rows whose max moves to a later block (the running sum must be rescaled), -inf entries, large
   scales, a last partial block, one block exactly, a block longer than the row; in every run rows far below
   float32 exp's underflow (a running max started at 0 gives 0 / 0), rows whose maxima differ by hundreds (one max
-  over all rows underflows the lower rows) and rows whose first block is all -inf (exp(-inf - (-inf)) is NaN).
+  over all rows underflows the lower rows) and rows whose first block is all -inf (exp(-inf - (-inf)) is NaN);
+  a float64 input (the state kept in x's dtype). Every case checks that x comes back unchanged and that no
+  reduction (max, sum, sort ...) reads more than one block of a row at once.
 - task5_2 and 5.3: lengths that are not a multiple of the tile, causal and not, T_q != T_k, several leading
   shapes; for 5.2 tiles of several sizes, always more than one key tile, and sizes where a strip of one query
   tile against all the keys is larger than any tile-sized tensor (`largest_allowed`), and causal inputs whose
@@ -34,7 +36,7 @@ def softmax_input(case):
         x[row, :case["block"]] = float("-inf")
         if not torch.isfinite(x[row]).any():
             x[row, -1] = 0.0
-    return x
+    return x.to(getattr(torch, case.get("dtype", "float32")))
 
 
 def softmax_cases(hidden, r):
@@ -50,6 +52,9 @@ def softmax_cases(hidden, r):
                       "neg_inf": neg_inf, "rising": rising})
     cases.append({"seed": r.randrange(2**31), "rows": 2, "n": 8, "block": 8, "scale": 1.0, "neg_inf": False,
                   "rising": False})                                  # one block exactly
+    block = r.choice([3, 5, 6])                                      # float64: the state kept in x's dtype
+    cases.append({"seed": r.randrange(2**31), "rows": r.randint(2, 4), "n": block * r.randint(2, 4) + 1,
+                  "block": block, "scale": 5.0, "neg_inf": True, "rising": True, "dtype": "float64"})
     cases.append({"seed": r.randrange(2**31), "rows": 2, "n": 5, "block": 16, "scale": 1.0, "neg_inf": True,
                   "rising": True})                                   # block longer than the row
     # every row far below float32 exp's underflow (exp(x) == 0 below about -104): a running max started at 0

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..common import allclose, expect_type
+from ..common import allclose, expect_int, expect_type
 from .cases import largest_allowed, qkv, softmax_input
 from .refs import naive_attention
 
@@ -17,10 +17,20 @@ def softmax_judge(case, got):
     expect_type("result", got, dict)
     if got["ops"]:
         raise AssertionError(f"online_softmax called {got['ops']}: compute the running max and sum yourself")
-    assert got["dtype"] == "torch.float32", f"online_softmax returned {got['dtype']} for a float32 input"
+    assert got.get("input_changed") is False, (
+        "online_softmax changed its input x (an in-place op on x or a view of it): the caller's tensor must come "
+        "back as it was; write the result into a new tensor")
+    widest = expect_int("the widest reduction", got.get("widest"))
+    assert widest <= case["block"], (
+        f"online_softmax reduced {widest} entries at once (a max, sum or sort over more than one block of "
+        f"{case['block']} columns) [{case['rows']} rows of {case['n']}]: read each row one block at a time, keeping "
+        f"the running max m and sum l as you go; after the last block only the elementwise exp(x - m) / l remains")
+    dtype = case.get("dtype", "float32")
+    assert got["dtype"] == f"torch.{dtype}", f"online_softmax returned {got['dtype']} for a {dtype} input"
     want = torch.softmax(softmax_input(case).double(), dim=-1)
+    tol = {"rtol": 1e-4, "atol": 1e-6} if dtype == "float32" else {"rtol": 1e-9, "atol": 1e-12}
     try:
-        allclose("online_softmax(x, block)", got["out"], want, rtol=1e-4, atol=1e-6)
+        allclose("online_softmax(x, block)", got["out"], want, **tol)
     except AssertionError as e:
         hint = (" When a later block has a larger max m_new, the running sum must be rescaled: "
                 "l = l * exp(m_old - m_new) + sum(exp(x_block - m_new)).") if case["rising"] else ""
@@ -30,6 +40,8 @@ def softmax_judge(case, got):
             hint += (" These rows lie hundreds below (or above) zero and far apart from each other: start the "
                      "running max at -inf, not 0, and keep one max per row (a max over all rows underflows "
                      "exp(x - m) to 0 in the lower rows).")
+        if dtype == "float64":
+            hint += " The input is float64: keep the running max and sum in x's dtype (float32 loses 9 digits)."
         if case.get("inf_first"):
             hint += (f" Rows {case['inf_first']} start with a whole block of -inf: their running max is still -inf "
                      f"after it, and exp(-inf - (-inf)) is NaN; rescale with exp(m - m_new) only where m_new is "
