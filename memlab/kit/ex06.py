@@ -269,6 +269,20 @@ def _state(opt, params) -> tuple[int, list[int]]:
     return nbytes, sorted(owners)
 
 
+def _owner_map(opt, params) -> dict | str:
+    """The optimizer's `owner` dict (tensor -> rank) as {parameter index: rank}, or what it is instead."""
+    owner = getattr(opt, "owner", None)
+    if not isinstance(owner, dict):
+        return f"no owner dict (self.owner is {type(owner).__name__})"
+    index = {id(p): i for i, p in enumerate(params)}
+    out = {}
+    for k, v in owner.items():
+        if id(k) not in index or type(v) is not int:
+            return f"self.owner maps {type(k).__name__} -> {type(v).__name__}, not a model parameter -> its rank (int)"
+        out[str(index[id(k)])] = v
+    return out
+
+
 def rank_fn(case, cls, guard=contextlib.nullcontext):
     """fn(rank, world) for run_ranks: one rank's run of optimizer class `cls` on the case's model and this
     rank's data, as plain data. `guard()` wraps the calls into `cls` (the checks pass their own)."""
@@ -292,7 +306,7 @@ def rank_fn(case, cls, guard=contextlib.nullcontext):
         nbytes, owners = _state(opt, params)
         held = [i for i, p in enumerate(params) if p.grad is not None]
         return {"params": [p.detach().reshape(-1).tolist() for p in params], "state_bytes": nbytes,
-                "state_params": owners, "grad_params": held,
+                "state_params": owners, "grad_params": held, "owner": _owner_map(opt, params),
                 "grads": {str(i): params[i].grad.reshape(-1).tolist() for i in held}, "comm": comm.as_dict()}
     return fn
 

@@ -36,6 +36,20 @@ WRONG = {
         chunk = -(-len(ordered) // self.world)
         self.owner = {p: i // chunk for i, p in enumerate(ordered)}
 """)}, "must_lose": ALL1 + ALL2, "must_keep": ALL3},
+    # owners dealt round-robin over the size-sorted tensors, not each to the least-loaded rank: training is right,
+    # the assignment is not the one the text asks for
+    "owners_round_robin": {"replace": {S1: edit(ZERO1, GREEDY, """        ordered = sorted(trainable, key=lambda p: p.numel() * p.element_size(), reverse=True)
+        self.owner = {p: i % self.world for i, p in enumerate(ordered)}
+""")}, "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # greedy in list order, not largest first
+    "owners_greedy_in_list_order": {"replace": {S1: edit(
+        ZERO1, "for p in sorted(trainable, key=lambda p: p.numel() * p.element_size(), reverse=True):",
+        "for p in trainable:")}, "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # frozen parameters get owners too (and shift the balance of the others)
+    "frozen_parameters_owned": {"replace": {S1: edit(
+        ZERO1, 'trainable = [p for g in self.param_groups for p in g["params"] if p.requires_grad]',
+        'trainable = [p for g in self.param_groups for p in g["params"]]')}, "must_lose": ALL1,
+        "must_keep": ALL2 + ALL3},
     # params taken to be parameter-group dicts always: a flat list of tensors (the other form the text allows)
     # crashes the constructor; the visible case has groups, every hidden run a flat list
     "param_groups_only": {"replace": {S1: edit(ZERO1, """        if groups and not isinstance(groups[0], dict):
@@ -95,12 +109,10 @@ WRONG = {
 
 # correct alternatives: every point kept
 RIGHT = {
-    # round-robin over the size-sorted tensors (balanced within one tensor), the parameters all-gathered as one
-    # padded flat buffer per rank, and ZeRO-2 as a reduce-scatter of padded flat gradient buffers
-    "round_robin_all_gather_reduce_scatter": {"replace": {
-        S1: edit(edit(ZERO1, GREEDY, """        ordered = sorted(trainable, key=lambda p: p.numel() * p.element_size(), reverse=True)
-        self.owner = {p: i % self.world for i, p in enumerate(ordered)}
-"""), BROADCAST, """        mine = {r: [p for p, o in self.owner.items() if o == r] for r in range(self.world)}
+    # the parameters all-gathered as one padded flat buffer per rank, and ZeRO-2 as a reduce-scatter of padded flat
+    # gradient buffers
+    "all_gather_reduce_scatter": {"replace": {
+        S1: edit(ZERO1, BROADCAST, """        mine = {r: [p for p, o in self.owner.items() if o == r] for r in range(self.world)}
         size = max(sum(p.numel() for p in ps) for ps in mine.values())
         flat = torch.zeros(size)
         if mine[self.rank]:

@@ -25,6 +25,45 @@ def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3, gamma=None)
             "shared": shared, "gamma": gamma}
 
 
+def not_largest_first(sizes: dict, owner: dict, world: int) -> str | None:
+    """Why `owner` (key -> rank) is not what the task's rule gives for tensors of `sizes` bytes (key -> bytes):
+    largest first, each to a rank with the fewest bytes so far; any rank among equals, any order among tensors of
+    the same size. None if it is."""
+    load = [0] * world
+    by_size: dict[int, list] = {}
+    for k, n in sizes.items():
+        by_size.setdefault(n, []).append(k)
+    for size in sorted(by_size, reverse=True):
+        picks = [owner[k] for k in by_size[size]]
+        for _ in by_size[size]:
+            least = [r for r in range(world) if load[r] == min(load) and r in picks]
+            if not least:
+                return (f"a tensor of {size} bytes went to rank(s) {sorted(set(picks))} while rank "
+                        f"{load.index(min(load))} held the fewest bytes ({min(load)} against "
+                        f"{[load[p] for p in sorted(set(picks))]})")
+            picks.remove(least[0])
+            load[least[0]] += size
+    return None
+
+
+def _list_order_is_largest_first(case) -> bool:
+    """Would a greedy in list order (not largest first) give a valid owner map on this case's model?"""
+    from memlab.kit.ex06 import Net, param_groups
+    listed, seen = [], set()
+    for g in param_groups(case, Net(case)):                      # the order the optimizer is given them
+        for p in (g["params"] if isinstance(g, dict) else [g]):
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                listed.append(p)
+    params = listed
+    load, owner = [0] * case["world"], {}
+    for i, p in enumerate(params):
+        owner[i] = load.index(min(load))
+        load[owner[i]] += p.numel() * p.element_size()
+    return not_largest_first({i: p.numel() * p.element_size() for i, p in enumerate(params)}, owner,
+                             case["world"]) is None
+
+
 def dp_cases(hidden, r):
     """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups (the AdamW case) and a
     flat list of tensors (the SGD case: the constructor must accept both forms), a frozen parameter,
@@ -34,8 +73,12 @@ def dp_cases(hidden, r):
     if not hidden:
         return [_case(r, 2, "adamw", groups=True, frozen=True, unused=True, shared=True, steps=2, gamma=0.5)]
     n1, n2 = r.sample([2, 3, 4], 2)
-    return [_case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False,
-                  gamma=r.choice([0.3, 0.5, 2.0])),
+    while True:     # sizes on which owners dealt greedily in list order, not largest first, are told apart
+        adamw = _case(r, n1, "adamw", groups=True, frozen=True, unused=True, shared=False,
+                      gamma=r.choice([0.3, 0.5, 2.0]))
+        if not _list_order_is_largest_first(adamw):
+            break
+    return [adamw,
             _case(r, n2, "sgd", groups=False, frozen=r.random() < 0.5, unused=False, shared=True,
                   gamma=r.choice([None, 0.5, 2.0]))]
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from memlab.kit.ex06 import Net, unique_params
+
 from ..common import allclose, expect_int, expect_type
-from .cases import LAYOUTS
+from .cases import LAYOUTS, not_largest_first
 from .refs import reference_rank_bytes, reference_run
 
 
@@ -117,10 +119,37 @@ def _check_dp_grads(case, got, ref_grads):
                           f"then divide by the world size exactly once.{shared}")
 
 
+def _check_owner(case, got):
+    """self.owner against the rule of the task text, replayed naively: the parameters that require a gradient, by
+    bytes, largest first, each to a rank with the fewest bytes so far (any rank among equals, and any order among
+    tensors of the same size)."""
+    params = unique_params(Net(case))
+    want = {str(i) for i, p in enumerate(params) if p.requires_grad}
+    owners = [got[r].get("owner") for r in range(case["world"])]
+    for r, o in enumerate(owners):
+        if not isinstance(o, dict):
+            raise AssertionError(f"rank {r}: {o} {_what(case)}: store the assignment as self.owner, a dict "
+                                 f"tensor -> rank")
+        if set(o) != want:
+            extra = sorted(set(o) - want, key=int)
+            raise AssertionError(f"rank {r}'s self.owner has parameters {sorted(o, key=int)}; every parameter that "
+                                 f"requires a gradient, and only those, gets an owner {_what(case)}"
+                                 + (f" (parameter(s) {extra} are frozen)" if extra else ""))
+        if o != owners[0]:
+            raise AssertionError(f"ranks 0 and {r} computed different owners {_what(case)}: every rank must compute "
+                                 f"the same assignment from the same list")
+    sizes = {i: params[int(i)].numel() * params[int(i)].element_size() for i in want}
+    why = not_largest_first(sizes, owners[0], case["world"])
+    if why:
+        raise AssertionError(f"self.owner is not balanced by bytes {_what(case)}: {why}; take the tensors largest "
+                             f"first (by bytes) and give each to the rank with the fewest bytes so far")
+
+
 def dp_judge(case, got):
     expect_type("result", got, list)
     assert len(got) == case["world"], f"expected one result per rank ({case['world']}), got {len(got)}"
     ref, ref_state, ref_grads = reference_run(case)
+    _check_owner(case, got)
     _check_dp_grads(case, got, ref_grads)
     _check_params(case, got, ref)
     _check_state(case, got, ref_state)
