@@ -88,6 +88,11 @@ def nf4_quantize(x, blocksize=64):
                                                   "            pass")},
                             **_lose(ALL3)},
     # merge() leaves the adapter on: the update is applied twice
+    # merge() swaps in a new Parameter instead of adding to the base weight in place
+    "lora_merge_replaces_the_weight": {"replace": {S3: edit(
+        LORA, "            self.base.weight += self.scaling * (self.lora_B @ self.lora_A)   # (d_out, d_in)",
+        "            self.base.weight = nn.Parameter(self.base.weight + self.scaling * (self.lora_B @ self.lora_A),\n"
+        "                                            requires_grad=False)")}, **_lose(ALL3)},
     "lora_merge_twice": {"replace": {S3: edit(LORA, "            self.merged = True", "            pass")},
                          **_lose(ALL3)},
     # 4 bits per weight only: the block scales are forgotten

@@ -217,6 +217,10 @@ def _lora_judge_locked(case, got):
         if got["grads"][k] is None:
             raise AssertionError(f"no gradient reached {k} {what}")
         _near(f"grad of {k}", got["grads"][k], ref[k], mag[k], n, what, hint)
+    if got.get("merged_in_place") is not True:
+        raise AssertionError(f"merge() replaced base.weight (a new tensor or Parameter) instead of adding "
+                             f"(alpha / r) · B @ A to it in place {what}: the optimizer, a tied module or a saved "
+                             f"reference still holds the old weight; use base.weight.add_(...) under torch.no_grad()")
     _near("base.weight after merge()", got["merged_W"], ref["merged_W"], mag["W"], n, what,
           " merge() adds (alpha / r) · B @ A to base.weight in place.")
     _near("output after merge() (eval mode)", got["out_merged"], ref["out_eval"], mag["out"], n, what,

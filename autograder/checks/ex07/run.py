@@ -165,7 +165,9 @@ def lora_run(case, LoRALinear):
         layer.eval()
         with torch.no_grad():
             out_eval = layer(x.clone())
+        weight, ptr = base.weight, base.weight.data_ptr()
         layer.merge()
+        merged_in_place = base.weight is weight and weight.data_ptr() == ptr
         with torch.no_grad():
             out_merged = layer(x.clone())
     grads = {"A": None if layer.lora_A.grad is None else layer.lora_A.grad.tolist(),
@@ -173,7 +175,8 @@ def lora_run(case, LoRALinear):
              "x": None if xg.grad is None else xg.grad.tolist(),
              "W": base.weight.grad is not None, "b": base.bias is not None and base.bias.grad is not None}
     return {"init": init, "trainable": trainable, "out_init": out_init.tolist(), "out": out.tolist(),
-            "grads": grads, "out_eval": out_eval.tolist(), "merged_W": base.weight.detach().tolist(),
+            "grads": grads, "out_eval": out_eval.tolist(), "merged_W": weight.detach().tolist(),
+            "merged_in_place": merged_in_place,
             "base_requires_grad": bool(base.weight.requires_grad), "out_merged": out_merged.tolist(),
             "classes": classes, "peft_loaded": (not had_peft) and "peft" in sys.modules, "ops": sorted(mode.ops)}
 
