@@ -111,6 +111,35 @@ _GPT_DETACH = _GPT_HEAD.replace("{BLOCK}", "x = checkpoint(block, x.detach(), ro
 # the recomputation draws new dropout masks: only wrong when dropout > 0 (the hidden tests)
 _GPT_NO_RNG = _GPT_HEAD.replace("{BLOCK}",
                                 "x = checkpoint(block, x, rope, use_reentrant=False, preserve_rng_state=False)")
+# use_reentrant=True: right while the blocks' input requires grad; with the token embedding frozen (a hidden case)
+# the blocks get no gradient
+_GPT_REENTRANT = _GPT_HEAD.replace("{BLOCK}", "x = checkpoint(block, x, rope, use_reentrant=True)")
+# the right segments, but every block under its own checkpoint: each block still runs twice, one input per block
+# is kept instead of one per segment
+_SQRT_EACH_BLOCK_IN_ITS_SEGMENT = '''
+def sqrt_segments(n):
+    s = math.isqrt(n - 1) + 1 if n > 1 else 1
+    q, rem = divmod(n, s)
+    out, start = [], 0
+    for i in range(s):
+        stop = start + q + (1 if i < rem else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class SqrtCheckpointed(nn.Module):
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.segments = sqrt_segments(len(self.blocks))
+
+    def forward(self, x):
+        for start, stop in self.segments:
+            for i in range(start, stop):
+                x = checkpoint(self.blocks[i], x, use_reentrant=False)
+        return x
+'''
 
 T1, T2, T3, T4 = ("task2_1_checkpoint_every_k", "task2_2_sqrt_segments", "task2_3_plan_checkpoints",
                   "task2_4_checkpointed_gpt")
@@ -139,6 +168,10 @@ WRONG = {
                                  "must_keep": _both(T1) + _both(T3)},
     "gpt_detached_input": {"replace": {T4: _GPT_DETACH}, "must_lose": _both(T4),
                            "must_keep": _both(T2)},
+    "gpt_reentrant_checkpoint": {"replace": {T4: _GPT_REENTRANT}, "must_lose": [f"{T4}_hidden"],
+                                 "must_keep": [f"{T4}_visible"] + _both(T2)},
+    "sqrt_each_block_checkpointed_alone": {"replace": {T2: _SQRT_EACH_BLOCK_IN_ITS_SEGMENT},
+                                           "must_lose": [f"{T2}_visible", f"{T2}_hidden"], "must_keep": _both(T4)},
     "gpt_rng_not_preserved": {"replace": {T4: _GPT_NO_RNG}, "must_lose": [f"{T4}_hidden"],
                               "must_keep": [f"{T4}_visible"] + _both(T1)},
 }

@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from memlab.checkpointing import activation_peak
 
-from ..common import expected, mb
+from ..common import expect_int, expected, mb
 from .cases import CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train, fingerprint as _fingerprint
 from .refs import (RTOL, RefSegments, brute_force_plan, min_peak, plain_forward, plan_cost, plan_peak,
                    ref_checkpointed_gpt, ref_every_k, round_robin_segments, same, search_min_cost)
@@ -139,6 +139,16 @@ def _sqrt_judge(case, got):
                                  "torch.utils.checkpoint.checkpoint_sequential leaves it out on purpose, but "
                                  "this task asks you to checkpoint every segment.") from None
         raise
+    # what the forward leaves for the backward: one input per segment after the first (whose input is the caller's
+    # x), measured 2.0-4.0 block inputs for 9-18 blocks; one per block when each block is checkpointed on its own
+    _, blocks, x, weights = _stack(case)
+    one_input = x.numel() * x.element_size()
+    stored = expect_int("the bytes kept for backward", got.get("stored"))
+    assert stored < (len(segments) - 0.5) * one_input, (
+        f"task2_2 ({_stack_desc(case)}): after the forward your module keeps {mb(stored)} for the backward, "
+        f"{stored / one_input:.1f} block inputs; {len(segments)} segments keep the input of each segment but the "
+        f"first (that one is the caller's x). Checkpoint each SEGMENT as one region (one checkpoint call around "
+        f"the blocks start..stop), not each block on its own.")
 
 
 # ----------------------------------------------------------------------------- task2_3
@@ -205,6 +215,10 @@ def _gpt_judge(case, got):
                         "preserve_rng_state=True (the default)." if cfg.dropout else "")
                 hint += (" Did you detach the checkpointed input? Gradients then stop at that checkpoint and "
                          "never reach the embeddings and the blocks before it.")
+                if case.get("frozen_embeddings") and g["grads"].get(name) is None:
+                    hint += (" Here the token embedding is frozen, so the blocks' input does not require grad: a "
+                             "reentrant checkpoint (use_reentrant=True) then gives the blocks inside it no "
+                             "gradient; use use_reentrant=False.")
                 raise AssertionError(f"task2_4 ({desc}): at training step {step}, the gradient of {name!r} differs "
                                      f"from the plain GPT's, so your model would train differently.{hint}")
         calls = g["calls"]
@@ -227,4 +241,6 @@ def _gpt_judge(case, got):
 
 
 def _from(got, want) -> bool:
+    if want is None:                     # a frozen parameter: no gradient on either side
+        return got is None
     return got is not None and same(got, want)

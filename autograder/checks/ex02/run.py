@@ -74,7 +74,8 @@ def _stack_run(task, case, make):
               "out": out.detach().double().tolist(), "x_grad": None if x.grad is None else x.grad.double().tolist(),
               "grads": [_fingerprint(p.grad) for p in params], "calls": calls}
     try:
-        result["peak"] = activation_peak(wrapped, lambda: (wrapped(x) * weights).sum()).peak
+        measured = activation_peak(wrapped, lambda: (wrapped(x) * weights).sum())
+        result["peak"], result["stored"] = measured.peak, measured.stored
     except Exception as e:  # noqa: BLE001
         return _crash(task, desc, "measuring the peak memory of your module", e)
     return result
