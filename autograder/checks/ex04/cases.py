@@ -202,6 +202,9 @@ LEAK_PLANS = {
     "flat_then_growing": ((("inputs", 2),), False),                 # flat from step 1 to 2: no leak by the spec
     "leak_and_late_growth": ((("outputs", 0), ("inputs", 2)), False),   # a small leak, a larger late growth
     "leak_and_noise": ((("outputs", 0),), True),                    # a leak, and temporaries that go up and down
+    # a slow leak on a large, flat base (an evaluation's graph, replaced every step) beside a faster leak of a
+    # smaller category: the largest category at the end is not the one that grows fastest
+    "slow_leak_on_a_big_base": ((("outputs", 0), ("inputs", 0), ("base", 0)), False),
 }
 
 
@@ -215,9 +218,11 @@ def leak_scenario(case):
     model = memlab.MLP(d_in, width, 2, d_out)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if kind == "none_sgd" else \
         torch.optim.AdamW(model.parameters(), lr=1e-3)
-    kept, calls, noise = [], [], []
+    kept, calls, noise, held = [], [], [], []
     g = torch.Generator().manual_seed(seed)
     xv, yv = torch.randn(batch, d_in, generator=g), torch.randint(0, d_out, (batch,), generator=g)
+    big = 8 * batch * case["n_steps"]                                     # its graph outweighs every leak's total
+    xbig, ybig = torch.randn(big, d_in, generator=g), torch.randint(0, d_out, (big,), generator=g)
     if "hook" in leaks:
         model.layers[1].register_forward_hook(lambda mod, inp, out: kept.append(out))   # (B, width) per step
     # noise: one buffer, replaced each step, whose size climbs by 4 units a step but drops once (not the last step)
@@ -249,6 +254,9 @@ def leak_scenario(case):
         if "eval" in on:
             with memlab.phase("forward"):                                 # evaluation with autograd on
                 kept.append(model(xv, yv))
+        if "base" in on:
+            with memlab.phase("forward"):                                 # the same large graph every step
+                held[:] = [model(xbig, ybig)]
         if noisy:
             noise[:] = [torch.empty(sizes[i], dtype=torch.uint8)]
 
@@ -265,7 +273,8 @@ def leak_cases(hidden, r):
     for k in kinds:
         n = r.randint(4, 6) if k in ("flat_then_growing", "leak_and_late_growth") else r.randint(3, 5)
         # two leaks and late growth: the kept inputs (B x d_in) grow more than the kept outputs (B x 10)
-        d_in = r.randint(24, 64) if k in ("two_leaks", "leak_and_late_growth") else r.randint(4, 64)
+        d_in = r.randint(24, 64) if k in ("two_leaks", "leak_and_late_growth", "slow_leak_on_a_big_base") \
+            else r.randint(4, 64)
         # gradients and inputs: few samples, a wide model, so the gradients (earlier in CATEGORIES) grow more
         batch, width = (r.randint(2, 8), r.randint(32, 128)) if k == "grads_and_inputs" else \
             (r.randint(2, 64), r.randint(8, 128))

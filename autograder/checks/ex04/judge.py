@@ -235,10 +235,13 @@ _WHAT = {"outputs": "the step keeps its outputs in a list", "grads": "the step k
          "late": "the step keeps its outputs from the second step on",
          "flat_then_growing": "the step keeps its input batches from the third step on",
          "leak_and_late_growth": "the step keeps its outputs, and its input batches from the third step on",
-         "leak_and_noise": "the step keeps its outputs, and a scratch buffer whose size goes up and down"}
+         "leak_and_noise": "the step keeps its outputs, and a scratch buffer whose size goes up and down",
+         "slow_leak_on_a_big_base": "the step keeps its outputs (a slow leak on top of a large evaluation graph "
+                                    "it replaces every step) and its input batches (a faster leak)"}
 
 
-_TRAPS = {"two_leaks", "grads_and_inputs", "late", "flat_then_growing", "leak_and_late_growth", "leak_and_noise"}
+_TRAPS = {"two_leaks", "grads_and_inputs", "late", "flat_then_growing", "leak_and_late_growth", "leak_and_noise",
+          "slow_leak_on_a_big_base"}
 
 
 def leak_judge(case, got):
@@ -261,7 +264,8 @@ def leak_judge(case, got):
         f"{desc}: you reported {got['category']!r}, which is not the category that grows the most on every step "
         f"after the first. A category leaks only if it grows on EVERY step after the first (compare each step "
         f"with the one before, not only the first with the last: growth that starts late or goes up and down is "
-        f"no leak), and of the leaking categories report the one that grows the most, not the first found."
+        f"no leak), and of the leaking categories report the one that grows the most per step, not the first found nor "
+        f"the largest in total."
     ) if case["kind"] in _TRAPS else (
         f"{desc}: the category that grows every step is {want[0]!r} (+{want[1]:.0f} B per step); you reported "
         f"{got['category']!r}. Read tracker.breakdown() after each step inside ONE tracker and compare consecutive "
