@@ -104,6 +104,9 @@ WRONG = {
     "one_late_backward": {"replace": {"task8_1_train_step": _ONE_LATE_BACKWARD}, "must_lose": _T1},
     "zero_grad_before_each_micro_batch": {
         "replace": {"task8_1_train_step": _ZERO_EACH_MICRO_BATCH}, "must_lose": _T1},
+    # gradients zeroed in place after the step: every gradient buffer stays alive into the next forward
+    "zero_grad_keeps_the_buffers": {"replace": {"task8_1_train_step": _step().replace(
+        "optimizer.zero_grad(set_to_none=True)", "optimizer.zero_grad(set_to_none=False)")}, "must_lose": _T1},
     "checkpointing_ignored": {"replace": {"task8_1_train_step": _NO_CHECKPOINTING}, "must_lose": _T1},
     # AdamW's moments counted in fp16 whatever the precision: right for bf16, half for fp32
     "optimizer_state_counted_in_16_bits": {

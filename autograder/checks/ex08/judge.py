@@ -83,7 +83,14 @@ def _judge_calls(problem, plan, got, where):
 def _judge_memory(case, got, where):
     problem, plan = case["problem"], case["plan"]
     peak = _field(got, "peak", int, where)
-    want = reference_memory_peak(problem, plan, case["seed"], case["data_seed"])
+    end = _field(got, "end", int, where)
+    want, want_end = reference_memory_peak(problem, plan, case["seed"], case["data_seed"])
+    if end > want_end + 2**16:
+        raise AssertionError(
+            f"{where}: when your step returns, {mb(end - want_end)} more is still alive than after the same plan "
+            f"done plainly: free the gradients after the optimizer step (optimizer.zero_grad(set_to_none=True); "
+            f"zeroing them in place keeps every gradient buffer alive through the next forward) and keep no "
+            f"outputs, logits or losses.")
     logits = plan["micro_batch"] * SMALL_SEQ * SMALL[problem["model"]]["vocab_size"] * 4   # (b, T, V) fp32
     if peak > want + logits + 2**16:
         raise AssertionError(

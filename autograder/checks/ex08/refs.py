@@ -37,9 +37,10 @@ def _plain_run(problem, plan, seed, data_seed, steps):
     return grads, [p.detach().float().clone() for p in params]
 
 
-def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> int:
+def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> tuple[int, int]:
     """The grader's own step of the plan on the small twin (micro-batches of plan["micro_batch"], each mean loss
-    weighted by its share, backward per micro-batch, one step), twice; the second step's peak."""
+    weighted by its share, backward per micro-batch, one step), twice; the second step's peak, and the bytes still
+    alive when it has returned."""
     def step(model, opt, x, y):
         B, m = x.shape[0], plan["micro_batch"]
         for s in range(0, B, m):
@@ -55,7 +56,8 @@ def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> int:
         x, y = tiny_batch(problem, gen, "small")
         with memlab.MemoryTracker(model, opt, device="cpu") as trk:
             step(model, opt, x, y)
-    return int(trk.peak)
+            end = int(trk.current)
+    return int(trk.peak), end
 
 
 # ----------------------------------------------------------------------------- memlab.fit, cached

@@ -95,7 +95,8 @@ def _memory_run(problem, plan, train_step, seed, data_seed):
     x, y = tiny_batch(problem, gen, "small")
     with memlab.MemoryTracker(model, opt, device="cpu") as trk:
         train_step(model, opt, x, y, dict(plan))
-    return {"peak": int(trk.peak)}
+        end = int(trk.current)                  # what stays alive into the next step's forward
+    return {"peak": int(trk.peak), "end": end}
 
 
 def train_step_run(case, train_step):
