@@ -46,6 +46,22 @@ WRONG = {
                                                     "    if out_features % world_size or weight.shape[1] % world_size:")},
                                "must_lose": ALL1, "must_keep": ALL2 + ALL3},
     # 9.1: no rank check: rank -1 or world_size slices an empty (or the last) block without a word
+    # only rank >= world_size is refused: rank -1 silently takes the last shard
+    "rank_checked_above_only": {"replace": {S1: SHARD.replace("    if not 0 <= rank < world_size:",
+                                                              "    if rank >= world_size:")},
+                                "must_lose": [f"{S1}_hidden"], "must_keep": [f"{S1}_visible"] + ALL2},
+    # the row-parallel bias split into equal shares on every rank: the sum is right, the placement is not
+    "row_bias_divided_among_ranks": {"replace": {S1: edit(SHARD, ROW_BIAS,
+                                                          "    b = None if bias is None else bias.detach() / world_size")},
+                                     "must_lose": ALL1, "must_keep": ALL2},
+    # zeros instead of None on the ranks other than 0
+    "row_bias_zeros_elsewhere": {"replace": {S1: edit(SHARD, ROW_BIAS, "    b = None if bias is None else "
+                                                      "(bias.detach().clone() if rank == 0 else torch.zeros_like(bias))")},
+                                 "must_lose": ALL1, "must_keep": ALL3},
+    # the whole bias on the last rank instead of rank 0
+    "row_bias_on_the_last_rank": {"replace": {S1: edit(SHARD, ROW_BIAS, "    b = bias.detach().clone() if bias is not "
+                                                       "None and rank == world_size - 1 else None")},
+                                  "must_lose": ALL1, "must_keep": ALL2},
     "no_rank_check": {"replace": {S1: edit(SHARD, RANK_CHECK, "")},
                       "must_lose": [f"{S1}_hidden"], "must_keep": [f"{S1}_visible"] + ALL2 + ALL3},
     # 9.2: torch.distributed.nn.functional.all_reduce: right output, but its backward all-reduces the gradient

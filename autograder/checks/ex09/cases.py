@@ -8,7 +8,7 @@ SCHEDULES = ("gpipe", "1f1b")
 
 
 # ----------------------------------------------------------------------------- task 9.1: shard a linear layer
-def _linear(r, kind, world, *, bias, error=None):
+def _linear(r, kind, world, *, bias, error=None, bad_rank=None):
     """A layer whose split dimension (out for "column", in for "row") divides by `world` and whose other
     dimension does not (a check on the wrong dimension raises on it); `error` makes it fail on purpose:
     "uneven" (the split dimension does not divide) or "rank" (a rank outside [0, world))."""
@@ -18,13 +18,14 @@ def _linear(r, kind, world, *, bias, error=None):
     case = {"seed": r.randrange(2**31), "kind": kind, "out": out, "in": inp, "bias": bias, "world": world,
             "rows": r.randint(2, 5), "error": error}
     if error == "rank":
-        case["bad_rank"] = r.choice([-1, world])
+        case["bad_rank"] = world if bad_rank == "world" else bad_rank if bad_rank is not None else r.choice([-1, world])
     return case
 
 
 def shard_cases(hidden, r):
     """Every hidden run: both functions at 2 and 4 ranks, with and without a bias, the other dimension never
-    divisible; an uneven split dimension for each function; a rank outside [0, world) (-1 or world)."""
+    divisible; an uneven split dimension for each function; a rank of -1 and one of world (outside [0, world)).
+    A row-parallel bias must sit whole on rank 0, None elsewhere."""
     if not hidden:
         return [_linear(r, "column", 2, bias=True), _linear(r, "row", 2, bias=True),
                 _linear(r, "column", 2, bias=True, error="uneven")]
@@ -33,7 +34,8 @@ def shard_cases(hidden, r):
             _linear(r, "row", w_row, bias=True), _linear(r, "row", w_col, bias=False),
             _linear(r, "column", r.choice([2, 4]), bias=r.random() < 0.5, error="uneven"),
             _linear(r, "row", r.choice([2, 4]), bias=r.random() < 0.5, error="uneven"),
-            _linear(r, r.choice(["column", "row"]), r.choice([2, 4]), bias=True, error="rank")]
+            _linear(r, r.choice(["column", "row"]), r.choice([2, 4]), bias=True, error="rank", bad_rank=-1),
+            _linear(r, r.choice(["column", "row"]), r.choice([2, 4]), bias=True, error="rank", bad_rank="world")]
 
 
 # ----------------------------------------------------------------------------- task 9.2: the MLP on ranks

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from memlab.dist.comm import ring_bytes_sent
+from memlab.kit.ex09 import linear_weights
 
 from ..common import allclose, expect_int, expect_type
 from .refs import TP_DIMS, linear_reference, reference_pipeline_bytes, row_input, torch_shard, tp_reference
@@ -114,6 +115,14 @@ def shard_judge(case, got):
              hint=f". The all-reduce SUMS what every rank adds: {len(with_bias)} of {t} ranks "
                   f"return a bias part, so the bias arrives {len(with_bias)} times. Keep the whole "
                   f"bias on rank 0 only and return None on the others")
+    if case["bias"]:       # the sum is right; where the bias sits is what the text asks for
+        holders = [r for r, b in enumerate(bs) if b is not None]
+        assert holders == [0], (
+            f"{_what(case)}: ranks {holders} return a bias part; the whole bias belongs to rank 0 alone and every "
+            f"other rank returns None (not zeros, not a share of it): the next layer's code adds the bias where "
+            f"it is not None, and a zero tensor costs a rank the bias's bytes for nothing")
+        allclose(f"{_what(case)} rank 0's bias", bs[0], linear_weights(case)[1], rtol=0, atol=0,
+                 hint=": rank 0 returns the whole bias, unscaled")
 
 
 # ----------------------------------------------------------------------------- task 9.2
