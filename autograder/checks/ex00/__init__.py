@@ -2,8 +2,9 @@
 
 References, all computed by the grader (refs.py, judged in judge.py):
 - task 0.1: the closed forms of the task text, written plainly (`refs._cost`);
-- task 0.2: min(peak, intensity x bandwidth) with the peak picked from the data-sheet dicts of
-  memlab.kit.ex00.GPUS (the table the notebook shows);
+- task 0.2: min(peak, intensity x bandwidth) with the peak picked from the data-sheet dict the case passes:
+  the three of memlab.kit.ex00.GPUS (the table the notebook shows) and, hidden, a made-up GPU whose fp16 and
+  bf16 peaks differ (`cases._made_up_gpu`);
 - task 0.3: what the learner's own timer reads say (the grader records every `time.perf_counter()` read,
   every copy, whether its destination shares its source's storage (a copy that moves nothing), and, on CUDA,
   every `torch.cuda.synchronize()` during the call), and a copy bandwidth the

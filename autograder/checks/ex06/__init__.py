@@ -1,13 +1,14 @@
 """Checks for exercise 06: shard the optimizer (ZeRO-1 and ZeRO-2 by hand), and a per-rank memory estimator.
 
-Tasks 6.1 and 6.2 run the learner's optimizer on N forked gloo ranks (`memlab.kit.ex06.run_ranks`), a few steps
-of a small model (`memlab.kit.ex06.Net`) with different data on every rank. Each rank brings back plain data: its
-final parameters, the bytes of optimizer state it holds (the tensors in the `state` of every optimizer
-reachable from the learner's: its own and any inner one) and for which parameters, the parameters it still
-holds gradients for, and the bytes of each collective issued inside `step()` (memlab's CommCounter). The
-judge reruns the same model and data on ONE process with the unsharded torch.optim optimizer, averaging the
-N ranks' gradients, and compares (`refs.reference_run`). Task 6.3's reference is the per-rank bytes term by
-term over the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_partition_loads`, its
+Tasks 6.1 and 6.2 run the learner's optimizer on N forked gloo ranks (`memlab.kit.ex06.run_ranks`), a few steps of
+a small model (`memlab.kit.ex06.Net`) with different data on every rank. Each rank brings back plain data: its
+final parameters, the bytes of optimizer state it holds (the tensors in the `state` of every optimizer reachable
+from the learner's: its own and any inner one) and for which parameters, the parameters it still holds gradients
+for, and the bytes of each collective issued inside `step()` (memlab's CommCounter). The judge reruns the same
+model and data on ONE process with the unsharded torch.optim optimizer, averaging the N ranks' gradients, and
+compares (`refs.reference_run`); task 6.1's `self.owner` is replayed against the text's rule (largest first, each
+to a least-loaded rank; `cases.not_largest_first`). Task 6.3's reference is the per-rank bytes term by term over
+the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_partition_loads`, its
 `_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
 """
 
