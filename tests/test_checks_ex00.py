@@ -41,11 +41,11 @@ def test_hidden_cases_cover_every_branch():
     ops = {c["op"] for c in ex00_cases._cost_cases(True, r)}
     assert ops == {"matmul", "add", "mul", "relu", "softmax", "layer_norm"}
     roof = ex00_cases._roof_cases(True, r)
-    peaks = {(c["gpu"], c["op"] == "matmul" and c["dtype"] in GPUS[c["gpu"]]["tensor_flops"]) for c in roof}
+    peaks = {(c["gpu"], c["op"] == "matmul" and c["dtype"] in ex00_cases.gpu_spec(c)["tensor_flops"]) for c in roof}
     assert ("T4", False) in peaks and ("T4", True) in peaks and any(p for _, p in peaks)
     bounds = set()
     for c in roof:
-        g = GPUS[c["gpu"]]
+        g = ex00_cases.gpu_spec(c)
         peak = ex00_refs._peak(g, c["op"], c["dtype"])
         bounds.add(c["flops"] / c["nbytes"] < peak / g["bandwidth"])
         if c["op"] == "matmul" and c["dtype"] in g["tensor_flops"] and c["flops"] / c["nbytes"] < peak / g["bandwidth"]:
@@ -118,8 +118,12 @@ def test_every_run_covers_every_roofline_and_timing_branch():
         ops = {c["op"] for c in ex00_cases._cost_cases(True, r)}
         assert ops == {"matmul", "add", "mul", "relu", "softmax", "layer_norm"}
         kinds = set()
+        made_up = set()
         for c in ex00_cases._roof_cases(True, r):
-            g = GPUS[c["gpu"]]
+            g = ex00_cases.gpu_spec(c)
+            if "spec" in c:
+                assert c["gpu"] not in GPUS, "a made-up GPU is none of the presets"
+                made_up.add(c["op"] == "matmul" and c["dtype"] in g["tensor_flops"])
             tensor = c["op"] == "matmul" and c["dtype"] in g["tensor_flops"]
             intensity, ridge = c["flops"] / c["nbytes"], ex00_refs._peak(g, c["op"], c["dtype"]) / g["bandwidth"]
             vec_ridge = g["vector_flops"] / g["bandwidth"]
@@ -132,5 +136,8 @@ def test_every_run_covers_every_roofline_and_timing_branch():
                 kinds.add("16-bit non-matmul with tensor cores")
         assert {"tensor between", "tensor above", "vector matmul bfloat16", "vector matmul float32",
                 "16-bit non-matmul with tensor cores"} <= kinds, (seed, kinds)
+        assert made_up == {True, False}, "a made-up GPU, with and without a tensor-core peak for the dtype"
+        dtypes = {c["dtype"] for c in ex00_cases._cost_cases(True, random.Random(seed))}
+        assert dtypes == set(ex00_cases.DTYPES), "every dtype in every run"
         repeats = {c["repeats"] % 2 for c in ex00_cases._bw_cases(True, r)}
         assert repeats == {0, 1}

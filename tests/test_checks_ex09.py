@@ -152,7 +152,9 @@ def test_shard_cases_cover_every_branch_in_every_draw():
         for c in uneven:
             assert (c["out"] if c["kind"] == "column" else c["in"]) % c["world"] != 0
         bad = [c for c in cs if c["error"] == "rank"]
-        assert len(bad) == 1 and bad[0]["bad_rank"] in (-1, bad[0]["world"])
+        assert sorted(c["bad_rank"] - (0 if c["bad_rank"] < 0 else c["world"]) for c in bad) == [-1, 0], \
+            "every run tries rank -1 and rank world_size"
+        assert {c["bad_rank"] < 0 for c in bad} == {True, False}
 
 
 def test_tp_cases_run_both_degrees_in_one_start_of_the_ranks():

@@ -58,10 +58,6 @@ WRONG = {
     "row_bias_zeros_elsewhere": {"replace": {S1: edit(SHARD, ROW_BIAS, "    b = None if bias is None else "
                                                       "(bias.detach().clone() if rank == 0 else torch.zeros_like(bias))")},
                                  "must_lose": ALL1, "must_keep": ALL3},
-    # the whole bias on the last rank instead of rank 0
-    "row_bias_on_the_last_rank": {"replace": {S1: edit(SHARD, ROW_BIAS, "    b = bias.detach().clone() if bias is not "
-                                                       "None and rank == world_size - 1 else None")},
-                                  "must_lose": ALL1, "must_keep": ALL2},
     "no_rank_check": {"replace": {S1: edit(SHARD, RANK_CHECK, "")},
                       "must_lose": [f"{S1}_hidden"], "must_keep": [f"{S1}_visible"] + ALL2 + ALL3},
     # 9.2: torch.distributed.nn.functional.all_reduce: right output, but its backward all-reduces the gradient

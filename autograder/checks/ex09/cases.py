@@ -25,7 +25,7 @@ def _linear(r, kind, world, *, bias, error=None, bad_rank=None):
 def shard_cases(hidden, r):
     """Every hidden run: both functions at 2 and 4 ranks, with and without a bias, the other dimension never
     divisible; an uneven split dimension for each function; a rank of -1 and one of world (outside [0, world)).
-    A row-parallel bias must sit whole on rank 0, None elsewhere."""
+    A row-parallel bias must sit whole on one rank, None elsewhere."""
     if not hidden:
         return [_linear(r, "column", 2, bias=True), _linear(r, "row", 2, bias=True),
                 _linear(r, "column", 2, bias=True, error="uneven")]

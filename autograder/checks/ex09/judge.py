@@ -117,12 +117,12 @@ def shard_judge(case, got):
                   f"bias on rank 0 only and return None on the others")
     if case["bias"]:       # the sum is right; where the bias sits is what the text asks for
         holders = [r for r, b in enumerate(bs) if b is not None]
-        assert holders == [0], (
-            f"{_what(case)}: ranks {holders} return a bias part; the whole bias belongs to rank 0 alone and every "
-            f"other rank returns None (not zeros, not a share of it): the next layer's code adds the bias where "
-            f"it is not None, and a zero tensor costs a rank the bias's bytes for nothing")
-        allclose(f"{_what(case)} rank 0's bias", bs[0], linear_weights(case)[1], rtol=0, atol=0,
-                 hint=": rank 0 returns the whole bias, unscaled")
+        assert len(holders) == 1, (
+            f"{_what(case)}: ranks {holders} return a bias part; the whole bias belongs to one rank alone (rank 0) "
+            f"and every other rank returns None (not zeros, not a share of it): the next layer's code adds the "
+            f"bias where it is not None, and a zero tensor costs a rank the bias's bytes for nothing")
+        allclose(f"{_what(case)} rank {holders[0]}'s bias", bs[holders[0]], linear_weights(case)[1], rtol=0, atol=0,
+                 hint=": the rank that holds the bias returns all of it, unscaled")
 
 
 # ----------------------------------------------------------------------------- task 9.2
