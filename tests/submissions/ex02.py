@@ -116,30 +116,10 @@ _GPT_NO_RNG = _GPT_HEAD.replace("{BLOCK}",
 _GPT_REENTRANT = _GPT_HEAD.replace("{BLOCK}", "x = checkpoint(block, x, rope, use_reentrant=True)")
 # the right segments, but every block under its own checkpoint: each block still runs twice, one input per block
 # is kept instead of one per segment
-_SQRT_EACH_BLOCK_IN_ITS_SEGMENT = '''
-def sqrt_segments(n):
-    s = math.isqrt(n - 1) + 1 if n > 1 else 1
-    q, rem = divmod(n, s)
-    out, start = [], 0
-    for i in range(s):
-        stop = start + q + (1 if i < rem else 0)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
-class SqrtCheckpointed(nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.blocks = nn.ModuleList(blocks)
-        self.segments = sqrt_segments(len(self.blocks))
-
-    def forward(self, x):
-        for start, stop in self.segments:
-            for i in range(start, stop):
-                x = checkpoint(self.blocks[i], x, use_reentrant=False)
-        return x
-'''
+_SQRT_EACH_BLOCK_IN_ITS_SEGMENT = edit(solution_cells(ASSIGNMENT)["task2_2_sqrt_segments"],
+                                       "            x = checkpoint(run, start, stop, x, use_reentrant=False)",
+                                       "            for i in range(start, stop):\n"
+                                       "                x = checkpoint(self.blocks[i], x, use_reentrant=False)")
 
 T1, T2, T3, T4 = ("task2_1_checkpoint_every_k", "task2_2_sqrt_segments", "task2_3_plan_checkpoints",
                   "task2_4_checkpointed_gpt")
