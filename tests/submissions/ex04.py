@@ -4,6 +4,8 @@ Every wrong fix of a clinic script either still runs out of memory or fits by
 training something else; the grader checks both halves (fits at full size,
 same maths on a tiny instance)."""
 
+from . import edit, solution_cells
+
 ASSIGNMENT = "04_oom_clinic"
 
 # fits: 4 optimizer steps on batches of 4 instead of one step on all 16 (a smaller batch, no accumulation)
@@ -311,20 +313,9 @@ def find_max_batch_size(step_fn, gpu, limit=4096):
 """
 
 # of the leaking categories, the one with the most bytes at the end, not the one that grows fastest
-_LEAK_LARGEST_TOTAL = """
-def detect_leak(step_fn, model, optimizer, n_steps=5):
-    tracker = memlab.MemoryTracker(model, optimizer)
-    after = []
-    with tracker:
-        for _ in range(n_steps):
-            step_fn()
-            after.append(tracker.breakdown())
-    leaks = [c for c in memlab.CATEGORIES if all(after[i][c] > after[i - 1][c] for i in range(1, n_steps))]
-    if not leaks:
-        return None
-    cat = max(leaks, key=lambda c: after[-1][c])
-    return cat, (after[-1][cat] - after[0][cat]) / (n_steps - 1)
-"""
+_LEAK_LARGEST_TOTAL = edit(solution_cells(ASSIGNMENT)["task4_6_leak_detector"],
+                           "return max(leaks, key=lambda leak: leak[1]) if leaks else None",
+                           "return max(leaks, key=lambda leak: after[-1][leak[0]]) if leaks else None")
 
 WRONG.update({
     "leak_reported_by_largest_total": {
