@@ -177,7 +177,7 @@ def max_batch_cases(hidden, r):
              _stair(r, gpus[3], 2 ** r.randint(2, 8) + 1, 1000),           # one above one
              _stair(r, gpus[4], r.randint(3, 999), 1000),                  # anywhere, limit not a power of two
              _stair(r, gpus[5], 999, 1000),                                # limit - 1
-             _quadratic(r, r.choice(gpus), r.randint(40, 900), 1000),      # memory quadratic in the batch
+             _quadratic(r, r.choice(gpus), r.randint(100, 900), 1000),     # quadratic: affine guesses overshoot
              {"gpu": r.choice(["L4-24GB", "A100-40GB", "T4-16GB"]), "kind": "mlp",  # a real AdamW step
               "width": r.choice([512, 768, 1024, 1536]), "limit": r.choice([1000, 4096])}]
     cap = memlab.VirtualGPU(capacity_gb=8).capacity
