@@ -250,3 +250,16 @@ def test_every_hidden_run_passes_parameter_groups_and_a_flat_list():
             listed = kit06.param_groups(c, kit06.Net(c))
             assert all(isinstance(g, dict) for g in listed) if c["groups"] else \
                 all(isinstance(p, torch.Tensor) for p in listed)
+
+
+def test_every_hidden_run_of_6_1_mixes_dtypes_so_elements_and_bytes_disagree():
+    """The text balances owners by bytes: every hidden run's AdamW case has a float64 layer among float32 ones, and
+    on it greedy by element count gives an owner map the bytes rule rejects (so does greedy in list order)."""
+    for seed in range(40):
+        adamw = ex06_cases.sharded_cases(True, random.Random(seed))[0]
+        assert adamw["opt"] == "adamw" and adamw["float64_layers"], adamw
+        dtypes = {p.dtype for p in kit06.Net(adamw).parameters()}
+        assert dtypes == {torch.float32, torch.float64}, dtypes
+        assert not ex06_cases._by_numel_is_by_bytes(adamw)
+        assert not ex06_cases._list_order_is_largest_first(adamw)
+    assert "float64_layers" not in ex06_cases.sharded_cases(False, random.Random(0))[0]

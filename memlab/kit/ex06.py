@@ -13,7 +13,9 @@ when this process is interrupted (the grader's time limit).
 The model (`Net`) is built from a case (plain data) the same way on every rank and in a one-process run:
 widths that are not powers of two, an optional frozen bias (requires_grad False), an optional module the
 forward never uses (its gradients stay None), and an optional weight shared by two modules (listed twice in
-the parameter list handed to the optimizer), and an optional learning-rate scheduler (`scheduler`) stepped after
+the parameter list handed to the optimizer), optional float64 layers among the float32 ones
+(`float64_layers`: a model whose bytes and element counts rank its tensors differently), and an optional
+learning-rate scheduler (`scheduler`) stepped after
 every optimizer step. `rank_fn(case, cls)` is one rank's run: build the model, step
 `cls` a few times on this rank's data, and bring back plain data (final parameters, the bytes of optimizer
 state it holds and for which parameters, the gradients it holds, the bytes of each collective of `step()`).
@@ -173,12 +175,15 @@ class Net(nn.Module):
         with torch.no_grad():
             for p in self.parameters():                          # deterministic, whatever the global RNG
                 p.copy_(torch.randn(p.shape, generator=g) / max(1, p.shape[-1]) ** 0.5)
+        for i in case.get("float64_layers", ()):                 # some cases: 8 bytes an element, not 4
+            self.layers[i].double()
         if case["frozen"]:
             self.layers[0].bias.requires_grad_(False)
 
     def forward(self, x):
         for layer in self.layers:
-            x = torch.tanh(layer(x))
+            x = torch.tanh(layer(x.to(layer.weight.dtype)))      # a float64 layer computes in float64
+        x = x.float()
         x = torch.tanh(self.dec(torch.tanh(self.enc(x))))
         return self.head(x)
 

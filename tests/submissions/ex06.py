@@ -45,6 +45,13 @@ WRONG = {
     "owners_greedy_in_list_order": {"replace": {S1: edit(
         ZERO1, "for p in sorted(trainable, key=lambda p: p.numel() * p.element_size(), reverse=True):",
         "for p in trainable:")}, "must_lose": ALL1, "must_keep": ALL2 + ALL3},
+    # balanced by element count, not bytes: the same on single-dtype models (the visible case), not on the hidden
+    # AdamW case's mix of float64 and float32 layers
+    "owners_balanced_by_element_count": {"replace": {S1: edit(ZERO1, GREEDY, """        for p in sorted(trainable, key=lambda p: p.numel(), reverse=True):
+            r = load.index(min(load))
+            self.owner[p] = r
+            load[r] += p.numel()
+""")}, "must_lose": [f"{S1}_hidden"], "must_keep": [f"{S1}_visible"] + ALL2 + ALL3},
     # frozen parameters get owners too (and shift the balance of the others)
     "frozen_parameters_owned": {"replace": {S1: edit(
         ZERO1, 'trainable = [p for g in self.param_groups for p in g["params"] if p.requires_grad]',

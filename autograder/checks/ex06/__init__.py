@@ -7,7 +7,8 @@ from the learner's: its own and any inner one) and for which parameters, the par
 for, and the bytes of each collective issued inside `step()` (memlab's CommCounter). The judge reruns the same
 model and data on ONE process with the unsharded torch.optim optimizer, averaging the N ranks' gradients, and
 compares (`refs.reference_run`); task 6.1's `self.owner` is replayed against the text's rule (largest first, each
-to a least-loaded rank; `cases.not_largest_first`). Task 6.3's reference is the per-rank bytes term by term over
+to a least-loaded rank; `cases.not_largest_first`), on a hidden case with a float64 layer among float32 ones, so
+that bytes and element counts order the tensors differently (`cases.sharded_cases`). Task 6.3's reference is the per-rank bytes term by term over
 the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_partition_loads`, its
 `_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
 """
@@ -15,12 +16,12 @@ the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import dp_cases, mem_cases
+from .cases import dp_cases, mem_cases, sharded_cases
 from .judge import dp_judge, mem_judge, zero2_judge
 from .run import dp_run, mem_run
 
 TASKS = tasks(
-    Task("task6_1_sharded_optimizer", ("ShardedOptimizer",), dp_cases, dp_run("task6_1_sharded_optimizer",
+    Task("task6_1_sharded_optimizer", ("ShardedOptimizer",), sharded_cases, dp_run("task6_1_sharded_optimizer",
                                                                             "ShardedOptimizer"), dp_judge),
     Task("task6_2_reduce_scatter", ("ZeRO2Optimizer",), dp_cases, dp_run("task6_2_reduce_scatter", "ZeRO2Optimizer"),
          zero2_judge),

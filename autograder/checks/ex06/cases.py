@@ -64,6 +64,24 @@ def _list_order_is_largest_first(case) -> bool:
                              case["world"]) is None
 
 
+def _by_numel_is_by_bytes(case) -> bool:
+    """Would balancing by element count (largest numel first, to the rank with the fewest elements) give a valid
+    owner map under the bytes rule on this case's model? Only a model with tensors of two dtypes tells apart."""
+    from memlab.kit.ex06 import Net, param_groups
+    params, seen = [], set()
+    for g in param_groups(case, Net(case)):
+        for p in (g["params"] if isinstance(g, dict) else [g]):
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                params.append(p)
+    load, owner = [0] * case["world"], {}
+    for i in sorted(range(len(params)), key=lambda i: params[i].numel(), reverse=True):
+        owner[i] = load.index(min(load))
+        load[owner[i]] += params[i].numel()
+    return not_largest_first({i: p.numel() * p.element_size() for i, p in enumerate(params)}, owner,
+                             case["world"]) is None
+
+
 def dp_cases(hidden, r):
     """Every hidden run: AdamW with weight decay AND SGD with momentum, parameter groups (the AdamW case) and a
     flat list of tensors (the SGD case: the constructor must accept both forms), a frozen parameter,
@@ -81,6 +99,21 @@ def dp_cases(hidden, r):
     return [adamw,
             _case(r, n2, "sgd", groups=False, frozen=r.random() < 0.5, unused=False, shared=True,
                   gamma=r.choice([None, 0.5, 2.0]))]
+
+
+def sharded_cases(hidden, r):
+    """Task 6.1's cases: dp_cases, and in every hidden run the AdamW case has one float64 layer among float32
+    ones (the text balances owners by bytes), redrawn until balancing by element count is told apart as well as
+    greedy in list order."""
+    cases = dp_cases(hidden, r)
+    if not hidden:
+        return cases
+    adamw = cases[0]
+    while True:
+        adamw = dict(adamw, float64_layers=[r.randrange(1, len(adamw["widths"]) - 1)])
+        if not (_by_numel_is_by_bytes(adamw) or _list_order_is_largest_first(adamw)):
+            return [adamw] + cases[1:]
+        adamw = dp_cases(hidden, r)[0]
 
 
 def _uneven(r, k):

@@ -22,7 +22,9 @@ def _what(case):
                              ("an unused module (grad None)", case["unused"]),
                              ("a weight shared by two modules (listed twice)", case["shared"]),
                              (f"a StepLR scheduler multiplying the lr by {case.get('gamma')} after every step",
-                              case.get("gamma"))) if on]
+                              case.get("gamma")),
+                             (f"float64 layer(s) {case.get('float64_layers')} among float32 ones",
+                              case.get("float64_layers"))) if on]
     return "[" + ", ".join(bits) + "]"
 
 
