@@ -85,9 +85,10 @@ def decode(text: str):
     return json.loads(text)
 
 
-def check(task: Task, *, hidden: bool = False, **names) -> int:
-    """Run a task's cases in this process: the notebook's instant feedback. Returns the number of cases."""
-    cases = task.cases(hidden, rng(hidden))
+def check(task: Task, *, hidden: bool = False, r: random.Random | None = None, **names) -> int:
+    """Run a task's cases in this process: the notebook's instant feedback. Returns the number of cases.
+    r: where the cases are drawn from (default: `rng(hidden)`, a fresh seed for hidden cases)."""
+    cases = task.cases(hidden, r or rng(hidden))
     for case in cases:
         try:
             task.judge(case, decode(encode(task.run(case, **names))))
