@@ -97,15 +97,26 @@ def _parse(path: Path) -> _Page:
     return page
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
+@pytest.fixture(scope="session")
+def site(tmp_path_factory, worker_id) -> Path:
+    """One build per test run: under pytest-xdist the first worker to need it builds it (about a minute) in the
+    run's shared temporary folder, and the others wait for it and read it (pytest-xdist's own recipe)."""
     if shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) is None:
         msg = "Jupyter Book is not installed in this environment (pip install -e '.[book]')"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
-    out = tmp_path_factory.mktemp("book")
-    return build.build(out, [FAST_LESSON], log=lambda s: None)
+    if worker_id == "master":                               # no pytest-xdist: this process is the whole run
+        return build.build(tmp_path_factory.mktemp("book"), [FAST_LESSON], log=lambda s: None)
+    from filelock import FileLock
+    shared = tmp_path_factory.getbasetemp().parent          # this run's folder, above every worker's own
+    built = shared / "book-site.txt"                        # the path of the built site, once built
+    with FileLock(str(shared / "book-site.lock")):
+        if not built.exists():
+            out = shared / "book"
+            out.mkdir()
+            built.write_text(str(build.build(out, [FAST_LESSON], log=lambda s: None)))
+    return Path(built.read_text())
 
 
 def _pages(html: Path) -> list[Path]:
