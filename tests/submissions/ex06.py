@@ -116,22 +116,23 @@ WRONG = {
 
 # correct alternatives: every point kept
 RIGHT = {
-    # the parameters all-gathered as one padded flat buffer per rank, and ZeRO-2 as a reduce-scatter of padded flat
-    # gradient buffers
+    # the parameters all-gathered as one padded flat buffer per rank and dtype (the hidden 6.1 case mixes float64 and
+    # float32 layers), and ZeRO-2 as a reduce-scatter of padded flat gradient buffers
     "all_gather_reduce_scatter": {"replace": {
-        S1: edit(ZERO1, BROADCAST, """        mine = {r: [p for p, o in self.owner.items() if o == r] for r in range(self.world)}
-        size = max(sum(p.numel() for p in ps) for ps in mine.values())
-        flat = torch.zeros(size)
-        if mine[self.rank]:
-            cat = torch.cat([p.reshape(-1) for p in mine[self.rank]])
-            flat[:cat.numel()] = cat
-        out = [torch.empty(size) for _ in range(self.world)]
-        dist.all_gather(out, flat)
-        for r, ps in mine.items():
-            offset = 0
-            for p in ps:
-                p.copy_(out[r][offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        S1: edit(ZERO1, BROADCAST, """        for dtype in sorted({p.dtype for p in self.owner}, key=str):    # the same order on every rank
+            mine = {r: [p for p, o in self.owner.items() if o == r and p.dtype == dtype] for r in range(self.world)}
+            size = max(sum(p.numel() for p in ps) for ps in mine.values())
+            flat = torch.zeros(size, dtype=dtype)
+            if mine[self.rank]:
+                cat = torch.cat([p.reshape(-1) for p in mine[self.rank]])
+                flat[:cat.numel()] = cat
+            out = [torch.empty(size, dtype=dtype) for _ in range(self.world)]
+            dist.all_gather(out, flat)
+            for r, ps in mine.items():
+                offset = 0
+                for p in ps:
+                    p.copy_(out[r][offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
 """),
         S2: """class ZeRO2Optimizer(ShardedOptimizer):
     def reduce_gradients(self):

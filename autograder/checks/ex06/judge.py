@@ -94,14 +94,17 @@ def _bytes(g, *names):
 def _check_param_comm(case, got, ref, ref_grads):
     n, steps = case["world"], case["steps"]
     moving = sum(w.nbytes for w, gr in zip(ref, ref_grads) if gr is not None)
-    everything = sum(w.nbytes for w in ref) + n * max(w.nbytes for w in ref)
+    largest = {}                                   # one padded flat buffer per dtype: its padding < n x its largest
+    for w in ref:
+        largest[w.dtype] = max(largest.get(w.dtype, 0), w.nbytes)
+    everything = sum(w.nbytes for w in ref) + n * sum(largest.values())
     for r in range(n):
         b = _bytes(got[r], "broadcast", "all_gather")
         if not steps * moving <= b <= steps * everything:
             raise AssertionError(f"rank {r} broadcast/all-gathered {b:,} bytes of parameters in {steps} steps, "
                                  f"{'fewer' if b < steps * moving else 'more'} than it should {_what(case)}: every "
                                  f"updated parameter reaches every rank once per step, and no more than one padded "
-                                 f"all-gather per step")
+                                 f"all-gather per dtype per step")
 
 
 def _check_dp_grads(case, got, ref_grads):
