@@ -92,8 +92,9 @@ def plan_for(problem, measure):
 
 
 def _plan(methods="kit.METHODS", precisions="kit.PRECISIONS",
-          valid="kit.plan_error(plan, problem, dividing=True) is None"):
-    return _PLAN.format(methods=methods, precisions=precisions, valid=valid)
+          valid="kit.plan_error(plan, problem, dividing=True) is None", skip="room"):
+    return _PLAN.format(methods=methods, precisions=precisions, valid=valid).replace(
+        "state_bytes(problem, plan).values()) > room", f"state_bytes(problem, plan).values()) > {skip}")
 
 
 WRONG = {
@@ -128,6 +129,15 @@ WRONG = {
     # bf16 first: in the QLoRA problem the fp32-compute plan fits as well and comes first
     "bf16_before_fp32": {
         "replace": {"task8_3_cheapest_plan": _plan(precisions="kit.PRECISIONS[::-1]")},
+        "must_lose": ["task8_3_cheapest_plan_hidden"], "must_keep": ["task8_3_cheapest_plan_visible"]},
+    # a branch skipped unmeasured once its states pass 0.8 of the usable bytes ("leave a fifth for activations"),
+    # not only when they exceed them: the hidden LoRA problem's answer holds over 80% in states
+    "skips_branches_that_could_still_fit": {
+        "replace": {"task8_3_cheapest_plan": _plan(skip="0.8 * room")},
+        "must_lose": ["task8_3_cheapest_plan_hidden"], "must_keep": ["task8_3_cheapest_plan_visible"]},
+    # the visible problem's LoRA rank written in, not the problem's
+    "lora_rank_written_in": {
+        "replace": {"task8_3_cheapest_plan": _plan().replace('"lora_r": problem["lora_r"]', '"lora_r": 16')},
         "must_lose": ["task8_3_cheapest_plan_hidden"], "must_keep": ["task8_3_cheapest_plan_visible"]},
     # offload wherever it helps, whether or not the host has the RAM for it
     "offload_without_the_host_ram": {
