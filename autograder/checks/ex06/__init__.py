@@ -8,9 +8,9 @@ for, and the bytes of each collective issued inside `step()` (memlab's CommCount
 model and data on ONE process with the unsharded torch.optim optimizer, averaging the N ranks' gradients, and
 compares (`refs.reference_run`); task 6.1's `self.owner` is replayed against the text's rule (largest first, each
 to a least-loaded rank; `cases.not_largest_first`), on a hidden case with a float64 layer among float32 ones, so
-that bytes and element counts order the tensors differently (`cases.sharded_cases`). Task 6.3's reference is the per-rank bytes term by term over
-the whole-tensor partition torch's ZeroRedundancyOptimizer computes (`refs.zero_partition_loads`, its
-`_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
+that bytes and element counts order the tensors differently (`cases.sharded_cases`). Task 6.3's reference is
+the per-rank bytes term by term over the whole-tensor partition torch's ZeroRedundancyOptimizer computes
+(`refs.zero_partition_loads`, its `_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
 """
 
 from __future__ import annotations
