@@ -30,14 +30,19 @@ def _field(got, key, kind, where, length=None):
 
 
 # ----------------------------------------------------------------------------- task8_1
-def _tolerances(plan):
-    """(relative gradient error, weight slack in units of lr, share of weights allowed past it, the largest
-    excess in units of lr): fp32 rungs are compared to 1e-4; 16-bit compute rounds every sum, and micro-batches sum
-    in another order, so a weight whose gradient is near zero may step the other way (each AdamW step moves a
-    weight by about lr: over TINY_STEPS steps up to 2 lr each apart)."""
+def _tolerances(plan, step: int = 0):
+    """(relative gradient error at `step` (0: the first), weight slack in units of lr, share of weights allowed
+    past it, the largest excess in units of lr). 16-bit compute rounds every sum, and micro-batches sum in another
+    order, so a weight whose gradient is near zero may step the other way (each AdamW step moves a weight by about
+    lr: over TINY_STEPS steps up to 2 lr each apart); 8-bit moments may round to a neighbouring code. Those weights
+    then differ, and so do the later gradients. fp32 rungs are compared to 1e-4 at the first step, where both runs
+    start from the same weights, and after it to 1e-3 (AdamW) or 1e-2 (8-bit AdamW): over 120 hidden draws the
+    reference solution's fp32 gradient was at most 2.3e-7 off at the first step, 1.7e-5 at the later ones with
+    AdamW and 9.3e-5 with 8-bit AdamW (once, in a sandbox, 1.6e-4)."""
     if plan["precision"] == "bf16":
         return 6e-2, 0.5, 2e-2, 2 * TINY_STEPS + 0.5
-    return 1e-4, 0.05, 1e-3 if plan["optimizer"] == "adamw" else 1e-2, 2.5
+    eight = plan["optimizer"] != "adamw"
+    return 1e-4 if step == 0 else 1e-2 if eight else 1e-3, 0.05, 1e-2 if eight else 1e-3, 2.5
 
 
 def _validate_tiny(problem, plan, got, where):
@@ -118,6 +123,7 @@ def train_step_judge(case, got):
     rtol, slack, share, most = _tolerances(plan)
     ref_grads, ref_final = reference_tiny_run(problem, plan, case["seed"], case["data_seed"], TINY_STEPS)
     for s, (mine, ref) in enumerate(zip(steps, ref_grads)):
+        rtol = _tolerances(plan, s)[0]
         if mine["unknown"]:
             raise AssertionError(f"{where}: the optimizer holds {mine['unknown']} tensors that are not the model's "
                                  f"trainable parameters: step the optimizer you are given.")
