@@ -16,16 +16,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-
 # whole notebooks and class runs: 15-100 s a test (see the --durations list CI prints)
 _LONGEST_FILES = ("test_trusted_grading.py", "test_notebooks.py", "test_wrong_submissions.py", "test_book.py")
 
 
 def pytest_collection_modifyitems(items):
-    """The longest tests first, then the others marked slow, then the rest, each in file order. pytest-xdist deals
-    its first quarter of tests out one by one and the rest as workers free up, so the two workers share the long
-    tests at the start and finish together on short ones (in plain file order the notebooks and class runs came
-    last, and one worker ran on alone for a minute at the end)."""
+    """The longest tests first, then the others marked slow, then the rest, each in file order. With
+    --maxschedchunk 1 (.ci/run) pytest-xdist hands each worker its next test as it frees up, so the two workers
+    share the long tests at the start and finish together on short ones (in plain file order the notebooks and
+    class runs came last, and one worker could run on alone for a minute at the end)."""
     def rank(item):
         return (0 if item.path.name in _LONGEST_FILES else 1 if item.get_closest_marker("slow") else 2)
     items.sort(key=rank)                                   # stable: file order within each rank

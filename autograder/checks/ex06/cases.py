@@ -46,40 +46,36 @@ def not_largest_first(sizes: dict, owner: dict, world: int) -> str | None:
     return None
 
 
-def _list_order_is_largest_first(case) -> bool:
-    """Would a greedy in list order (not largest first) give a valid owner map on this case's model?"""
+def _greedy_passes(case, size, largest_first: bool) -> bool:
+    """Would owners dealt greedily (each tensor, in list order or largest `size` first, to the rank with the least
+    `size` so far) be a valid owner map under the text's bytes rule on this case's model?"""
     from memlab.kit.ex06 import Net, param_groups
-    listed, seen = [], set()
+    params, seen = [], set()
     for g in param_groups(case, Net(case)):                      # the order the optimizer is given them
         for p in (g["params"] if isinstance(g, dict) else [g]):
             if id(p) not in seen and p.requires_grad:
                 seen.add(id(p))
-                listed.append(p)
-    params = listed
+                params.append(p)
+    order = range(len(params))
+    if largest_first:
+        order = sorted(order, key=lambda i: size(params[i]), reverse=True)
     load, owner = [0] * case["world"], {}
-    for i, p in enumerate(params):
+    for i in order:
         owner[i] = load.index(min(load))
-        load[owner[i]] += p.numel() * p.element_size()
+        load[owner[i]] += size(params[i])
     return not_largest_first({i: p.numel() * p.element_size() for i, p in enumerate(params)}, owner,
                              case["world"]) is None
+
+
+def _list_order_is_largest_first(case) -> bool:
+    """Would a greedy in list order (not largest first) give a valid owner map on this case's model?"""
+    return _greedy_passes(case, lambda p: p.numel() * p.element_size(), largest_first=False)
 
 
 def _by_numel_is_by_bytes(case) -> bool:
-    """Would balancing by element count (largest numel first, to the rank with the fewest elements) give a valid
-    owner map under the bytes rule on this case's model? Only a model with tensors of two dtypes tells apart."""
-    from memlab.kit.ex06 import Net, param_groups
-    params, seen = [], set()
-    for g in param_groups(case, Net(case)):
-        for p in (g["params"] if isinstance(g, dict) else [g]):
-            if id(p) not in seen and p.requires_grad:
-                seen.add(id(p))
-                params.append(p)
-    load, owner = [0] * case["world"], {}
-    for i in sorted(range(len(params)), key=lambda i: params[i].numel(), reverse=True):
-        owner[i] = load.index(min(load))
-        load[owner[i]] += params[i].numel()
-    return not_largest_first({i: p.numel() * p.element_size() for i, p in enumerate(params)}, owner,
-                             case["world"]) is None
+    """Would balancing by element count give a valid owner map under the bytes rule on this case's model? Only a
+    model with tensors of two dtypes tells them apart."""
+    return _greedy_passes(case, lambda p: p.numel(), largest_first=True)
 
 
 def dp_cases(hidden, r):
