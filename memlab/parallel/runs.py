@@ -42,6 +42,24 @@ def _randn(*shape, seed: int, device) -> torch.Tensor:       # the same numbers 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+def _settled(read, quiet: float = 0.1, limit: float = 5.0) -> int:
+    """The least of `read()` once it has not fallen for `quiet` seconds (at most `limit`).
+
+    A gloo collective returns to its caller before gloo's worker thread drops its own reference to the
+    collective's tensors. Until it does, the tracker still counts them: in the tensor-parallel block, the
+    all-reduced MLP output ((b, s, h) fp32, freed by the residual add) stayed counted in 6 of 120 forwards
+    run beside three busy processes, even after a barrier (the barrier can run on gloo's other worker
+    thread). Nothing else runs here meanwhile, so the count can only fall; the least value is the true one."""
+    dist.barrier()
+    best, since, t0 = read(), time.perf_counter(), time.perf_counter()
+    while time.perf_counter() - since < quiet and time.perf_counter() - t0 < limit:
+        time.sleep(0.005)
+        now = read()
+        if now < best:
+            best, since = now, time.perf_counter()
+    return best
+
+
 # ----------------------------------------------------------------------------- tensor (+ sequence) parallel
 def tp_run(sequence_parallel: bool = False, batch: int = 2, seq: int = 64, d: int = 128, heads: int = 4) -> dict:
     """One forward and backward of `Block(d, heads)` split over all ranks with `tp_plan`, beside the unsharded
@@ -69,8 +87,7 @@ def tp_run(sequence_parallel: bool = False, batch: int = 2, seq: int = 64, d: in
         params = tracker.breakdown()["parameters"]
         with CommCounter() as fwd, phase("forward"):
             y = block(x_in)                          # (b, s, h) or, sequence-parallel, (b, s/t, h)
-        dist.barrier()                               # gloo's worker thread may still hold the last collective's
-        kept = tracker.breakdown()["activations"]    # tensors for a moment; the barrier waits that out
+        kept = _settled(lambda: tracker.breakdown()["activations"])
         with CommCounter() as bwd, phase("backward"):
             (y * w_in).sum().backward()
     (ref(x) * w).sum().backward()                    # the unsharded block, for the comparison
