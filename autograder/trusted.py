@@ -244,8 +244,10 @@ def python_binds() -> list[Path]:
 
 def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sandbox | None = None,
                    limits: Limits | None = None, case_timeout: float = 300,
-                   budget: JudgeBudget | None = None) -> Graded:
-    """Grade one learner's notebook. Raises NotGradable for a file that is no notebook."""
+                   budget: JudgeBudget | None = None, fit_cache: Path | None = None) -> Graded:
+    """Grade one learner's notebook. Raises NotGradable for a file that is no notebook. `fit_cache`: a folder the
+    judge keeps memlab.fit's runs in (MEMLAB_FIT_CACHE), shared by the judges of one class run; never in the
+    sandbox's reach."""
     sandbox = sandbox or Sandbox()
     limits = limits or Limits()
     budget = budget or JudgeBudget()
@@ -291,7 +293,7 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
                          + (f", more than {limits.channel_bytes} bytes in all" if out.channel_truncated else "")
                          + "): those checks score 0")
         graded.note = "; ".join(notes) or None
-    judge_in_process(exercise.module, plan, points, results, graded, budget)
+    judge_in_process(exercise.module, plan, points, results, graded, budget, fit_cache)
     return graded
 
 
@@ -329,12 +331,13 @@ def read_channel(data: bytes) -> tuple[dict[str, dict], list[dict], int]:
 
 
 def judge_in_process(module: str, plan: dict, points: dict, results: dict, graded: Graded,
-                     budget: JudgeBudget) -> None:
+                     budget: JudgeBudget, fit_cache: Path | None = None) -> None:
     """Judge one learner's results in a process of its own within `budget`; fills graded.scores/reasons. If the
     judging process runs out of time or memory, or dies, every test cell of this learner scores 0 with a note."""
     recv, send = _JUDGES.Pipe(duplex=False)
     proc = _JUDGES.Process(target=_judge_child, args=(send, module, plan, points, results, graded.note,
-                                                      budget.memory_bytes, graded.memory_growth), daemon=True)
+                                                      budget.memory_bytes, graded.memory_growth,
+                                                      None if fit_cache is None else str(fit_cache)), daemon=True)
     proc.start()
     send.close()
     got, late = None, False
@@ -362,13 +365,15 @@ def judge_in_process(module: str, plan: dict, points: dict, results: dict, grade
 
 
 def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, note: str | None,
-                 memory_bytes: int, memory_growth: dict[str, int] | None = None) -> None:
+                 memory_bytes: int, memory_growth: dict[str, int] | None = None, fit_cache: str | None = None) -> None:
     """In the judging process: judge every case with one CPU thread, as the learner's code ran (float reductions
     then add up in the same order on both sides, so an optimizer that divides by tiny gradients cannot amplify
     a summation-order difference). Then the check module's `corroborate`, if it has one, sets what the sandbox saw
     from outside (a watched case's memory growth) beside what the learner's process reported, and names what
     disagrees."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if fit_cache:
+        os.environ["MEMLAB_FIT_CACHE"] = fit_cache
     import torch
     torch.set_num_threads(1)
     checks = importlib.import_module(module)

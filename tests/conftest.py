@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+_FIT_CACHE = None
+
+
+def pytest_configure(config):
+    """One MEMLAB_FIT_CACHE folder for the whole run (memlab/fitting/run.py): memlab.fit's runs measured in one
+    process - a pytest-xdist worker, a class run's judge, a memlab-fit command - are read by the others instead of
+    run again. Made by the first process to get here (the controller under xdist) and inherited by every process
+    it starts; an MEMLAB_FIT_CACHE already set is kept (set it empty to measure every run afresh)."""
+    global _FIT_CACHE
+    if "MEMLAB_FIT_CACHE" not in os.environ:
+        _FIT_CACHE = os.environ["MEMLAB_FIT_CACHE"] = tempfile.mkdtemp(prefix="memlab-fit-cache-")
+
+
+def pytest_unconfigure(config):
+    if _FIT_CACHE:
+        shutil.rmtree(_FIT_CACHE, ignore_errors=True)
+        del os.environ["MEMLAB_FIT_CACHE"]
 
 
 @pytest.fixture

@@ -155,6 +155,38 @@ def test_result_is_consistent():
     assert "FITS" in str(r) and "ZeRO-2" in str(r)
 
 
+def test_runs_kept_in_memlab_fit_cache_are_read_back_and_bad_files_measured_again(tmp_path, monkeypatch):
+    """MEMLAB_FIT_CACHE (memlab/fitting/run.py): a measured run is written to the folder and read back instead of
+    measured (here after clear_cache, as by another process); a file another process left half-written is measured
+    again and rewritten; another version of the code reads other files; a folder that cannot be made costs only the
+    saving."""
+    from memlab.fitting import run
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MEMLAB_FIT_CACHE", str(folder))
+    try:
+        run.clear_cache()
+        first = memlab.fit(TINY, 1, seq=64)
+        (kept,) = folder.glob("*.json")
+        stored = json.loads(kept.read_text())
+        stored["phases"]["forward"]["total"] += 512           # a mark only a read of this file can give back
+        kept.write_text(json.dumps(stored))
+        run.clear_cache()
+        assert memlab.fit(TINY, 1, seq=64).by_phase["forward"] == first.by_phase["forward"] + 512
+        kept.write_text(kept.read_text()[:40])                 # cut short, as by a writer that died
+        run.clear_cache()
+        assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase
+        assert json.loads(kept.read_text())["phases"]["forward"]["total"] == first.by_phase["forward"]
+        monkeypatch.setattr(run, "_code_version", lambda: "another version of memlab")
+        run.clear_cache()
+        assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase and len(list(folder.glob("*.json"))) == 2
+        (tmp_path / "a-file").write_text("")
+        monkeypatch.setenv("MEMLAB_FIT_CACHE", str(tmp_path / "a-file" / "cache"))
+        run.clear_cache()
+        assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase
+    finally:
+        run.clear_cache()                                     # the marked run must not outlive this test
+
+
 def test_presets_load():
     names = fit_presets()
     assert {"llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "gemma-7b", "gpt2-xl"} <= set(names)

@@ -6,7 +6,12 @@ them (`shard_phases`), and the extra work a plan costs per step (`plan_cost`).""
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import json
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from ..core.track import CATEGORIES
 
@@ -20,9 +25,59 @@ BASE = 2
 
 
 def clear_cache():
-    """Forget the measured runs and the built models (measure caches them per config and options)."""
+    """Forget the measured runs and the built models (measure caches them per config and options). A folder named
+    by MEMLAB_FIT_CACHE is left as it is: delete it to forget those."""
     _CACHE.clear()
     _SKELETONS.clear()
+
+
+# ----------------------------------------------------------------------------- measuring, kept on disk
+# MEMLAB_FIT_CACHE=<folder> keeps each measured run there too, so that other processes (a second memlab-fit, the
+# test suite's workers, a class run's judges) read it instead of running it again. A file is named by a hash of
+# the run's key and of what decides the numbers: every source file of memlab and the versions of torch,
+# transformers, peft and bitsandbytes. Change any of them and the old files are simply never read again.
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    import importlib.metadata as md
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    for dist in ("torch", "transformers", "peft", "bitsandbytes"):
+        try:
+            h.update(f"{dist}={md.version(dist)}".encode())
+        except md.PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    return h.hexdigest()
+
+
+def _disk_file(key) -> Path | None:
+    folder = os.environ.get("MEMLAB_FIT_CACHE")
+    if not folder:
+        return None
+    return Path(folder) / (hashlib.sha256(repr((_code_version(), key)).encode()).hexdigest() + ".json")
+
+
+def _disk_read(key):
+    f = _disk_file(key)
+    try:
+        return json.loads(f.read_text()) if f is not None else None
+    except (OSError, ValueError):          # absent, unreadable or half-written by another process: measure
+        return None
+
+
+def _disk_write(key, out: dict) -> None:
+    f = _disk_file(key)
+    text = json.dumps(out)
+    if f is None or json.loads(text) != out:      # only what JSON gives back unchanged
+        return
+    try:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, f)                          # whole or not at all, for readers in other processes
+    except OSError:
+        pass
 
 
 def _run_key(plan):
@@ -80,6 +135,10 @@ def measure(cfg, plan) -> dict:
     key = (cfg.to_json_string(use_diff=False), _run_key(plan))
     if key in _CACHE:
         return _CACHE[key]
+    kept = _disk_read(key)
+    if kept is not None:
+        _CACHE[key] = kept
+        return kept
     rp = key[1]
     L = model_depth(cfg)
     gpu = VirtualGPU(capacity_gb=2**20)
@@ -101,6 +160,7 @@ def measure(cfg, plan) -> dict:
                 for k in i1}
         out = {"phases": phases, "info": info, "allocator": a2}
     _CACHE[key] = out
+    _disk_write(key, out)
     return out
 
 
