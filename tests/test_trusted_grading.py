@@ -174,9 +174,9 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
         "detached": (make(course, "import subprocess, sys\n"
                                   "subprocess.Popen([sys.executable, '-c', "
                                   "'import time; time.sleep(600)  # memlab-orphan'], start_new_session=True)\n"
-                                  "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n"
+                                  "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
                                   "    time.sleep(600)\n"
-                                  "while True:\n    pass"), 0),
+                                  "time.sleep(600)   # waits for its timeout idle: 'endless' burns the CPU"), 0),
         "fork_bomb": (make(course, "import os, time\nkids = []\nfor _ in range(600):\n    try:\n"
                                    "        pid = os.fork()\n    except OSError:\n        break\n"
                                    "    if pid == 0:\n        time.sleep(20)\n        os._exit(0)\n"
