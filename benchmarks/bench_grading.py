@@ -1,6 +1,6 @@
 """Class grading throughput and the sandbox's cost per learner, on the drill exercise.
 
-    python benchmarks/bench_grading.py [--learners 8] [--integrity-only]
+    python benchmarks/bench_grading.py [--learners 8] [--integrity-only] [--ex08-judges N]
 
 Prints: the wall time of one class run with --jobs 1 and with --jobs 2 (same
 submissions, scores compared), and the time to grade one learner with the
@@ -11,6 +11,9 @@ notebook, and exercise 05's watched large case (the one the cgroup's memory wind
 corroborates): its run, warm and in one thread as the sandbox runs it, its judging,
 and the two window handshakes; with the memory growth its window saw for the
 reference and for a learner who computes the whole score matrix in numpy.
+With --ex08-judges N: N copies of exercise 08's solution graded in one class run (--jobs 2), once with every
+judge measuring memlab.fit's runs afresh (MEMLAB_FIT_CACHE='') and once with the judges sharing one folder of them
+(the default); the sandboxes do the same work both times, so the difference is the judges'.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--learners", type=int, default=8)
     ap.add_argument("--integrity-only", action="store_true", help="only what the integrity checks cost")
+    ap.add_argument("--ex08-judges", type=int, default=0, metavar="N",
+                    help="only exercise 08's class run of N learners, without and with the judges' shared folder")
     a = ap.parse_args()
     if a.learners < 2:
         raise SystemExit("--learners must be at least 2")
@@ -51,6 +56,8 @@ def main() -> None:
         tmp = Path(tmp)
         if a.integrity_only:
             return integrity_overhead(tmp, stage_course_code(tmp / "stage"))
+        if a.ex08_judges:
+            return ex08_judges(tmp, a.ex08_judges)
         course = grade.drill_course(tmp / "course")
         subs = tmp / "subs"
         subs.mkdir()
@@ -135,6 +142,32 @@ def integrity_overhead(tmp: Path, stage: Path) -> None:
     print(f"  its memory window grew by {mib['reference']} for the reference and {mib['numpy']} for the numpy "
           f"learner (flagged at {cases.LARGE_FLAG_BYTES / 2**20:.0f} MiB: numpy learner flagged "
           f"{bool(graded['numpy'].flags)}, reference flagged {bool(whole.flags)})")
+
+
+def ex08_judges(tmp: Path, n: int) -> None:
+    """Exercise 08's class run of n copies of the solution, judges without and with a shared memlab.fit folder."""
+    import nbformat
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _nb import submission
+    name = "08_capstone"
+    subs = tmp / "ex08"
+    subs.mkdir()
+    for i in range(n):
+        nbformat.write(submission(name), subs / f"learner{i:02d}.ipynb")
+    print(f"exercise 08, {n} copies of the solution, --jobs 2, {os.cpu_count()} cores:")
+    for label, env in (("each judge measures afresh (MEMLAB_FIT_CACHE='')", ""),
+                       ("the judges share one folder (default)", None)):
+        if env is None:
+            os.environ.pop("MEMLAB_FIT_CACHE", None)
+        else:
+            os.environ["MEMLAB_FIT_CACHE"] = env
+        (tmp / f"course-{len(label)}").mkdir()
+        course = grade.temp_course(tmp / f"course-{len(label)}")
+        t0 = time.perf_counter()
+        res = grade.grade_class(subs, name, timeout=1800, course=course, jobs=2, log=lambda s: None)
+        sec = time.perf_counter() - t0
+        full = sum(sum(p for p, _ in g.values()) == sum(t for _, t in g.values()) for g in res.graded.values())
+        print(f"  {label:<50} {sec:6.1f} s ({sec / n:.1f} s per learner); full marks: {full} of {n}")
 
 
 def window_handshake(tmp: Path) -> float:
