@@ -157,9 +157,9 @@ def test_result_is_consistent():
 
 def test_runs_kept_in_memlab_fit_cache_are_read_back_and_bad_files_measured_again(tmp_path, monkeypatch):
     """MEMLAB_FIT_CACHE (memlab/fitting/run.py): a measured run is written to the folder and read back instead of
-    measured (here after clear_cache, as by another process); a file another process left half-written is measured
-    again and rewritten; another version of the code reads other files; a folder that cannot be made costs only the
-    saving."""
+    measured (here after clear_cache, as by another process); a file another process left half-written, or JSON
+    that is no measured run, is measured again and rewritten; another version of the code reads other files; a
+    folder that cannot be made costs only the saving."""
     from memlab.fitting import run
     folder = tmp_path / "cache"
     monkeypatch.setenv("MEMLAB_FIT_CACHE", str(folder))
@@ -176,6 +176,9 @@ def test_runs_kept_in_memlab_fit_cache_are_read_back_and_bad_files_measured_agai
         run.clear_cache()
         assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase
         assert json.loads(kept.read_text())["phases"]["forward"]["total"] == first.by_phase["forward"]
+        kept.write_text(json.dumps({"phases": []}))            # JSON, but not a measured run
+        run.clear_cache()
+        assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase
         monkeypatch.setattr(run, "_code_version", lambda: "another version of memlab")
         run.clear_cache()
         assert memlab.fit(TINY, 1, seq=64).by_phase == first.by_phase and len(list(folder.glob("*.json"))) == 2

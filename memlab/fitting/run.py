@@ -61,9 +61,12 @@ def _disk_file(key) -> Path | None:
 def _disk_read(key):
     f = _disk_file(key)
     try:
-        return json.loads(f.read_text()) if f is not None else None
+        got = json.loads(f.read_text()) if f is not None else None
     except (OSError, ValueError):          # absent, unreadable or half-written by another process: measure
         return None
+    ok = isinstance(got, dict) and set(got) == {"phases", "info", "allocator"} and \
+        all(isinstance(v, dict) for v in got.values())
+    return got if ok else None             # JSON that is not a measured run: measure
 
 
 def _disk_write(key, out: dict) -> None:
