@@ -213,7 +213,7 @@ def test_bad_model_and_gpu():
     with pytest.raises(TypeError, match="model"):
         memlab.fit(42)
     with pytest.raises(ValueError, match="preset"):
-        memlab.fit("gpt2", "B200")
+        memlab.fit("gpt2", "B300")
     with pytest.raises(TypeError, match="gpu"):
         memlab.fit("gpt2", [16])
     with pytest.raises(ValueError, match="methods"):

@@ -8,11 +8,12 @@ Two views are derived from it: `GPU_SPECS` (the data sheets, read through `memla
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 __all__ = ["GPU", "GPUS", "GPUDataSheet", "GPU_SPECS", "GPUSpec", "PRESETS", "gpu_spec", "match_gpu_spec",
-           "pcie_bandwidth"]
+           "pcie_bandwidth", "resolve_gpu", "MAX_PLAUSIBLE_GIB"]
 
 KiB, MiB = 2**10, 2**20
 GBps, TFLOPS = 1e9, 1e12          # data sheets use decimal units for bandwidth and FLOP/s
@@ -165,11 +166,127 @@ GPUS: dict[str, GPU] = {
                       "(github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py). Hopper sm_90."),
 }
 
+
+# Cards known by the memory they report only (no data sheet here): key -> (total_memory bytes, bf16 tensor cores,
+# the record it comes from). torch prints total_memory in whole MiB ("total_memory=22587MB" is 22587 x 2**20 bytes,
+# rounded down: up to 1 MiB more on the card); deviceQuery prints bytes. All have bf16 (Ampere sm_80/86 and newer,
+# CDNA3).
+_DQ = "github.com/thamada/nvidia-smi gls/{}_deviceQuery.py (deviceQuery, driver 12.4)"
+_MORE = {
+    "RTX3090-24GB": (25327697920, f"GeForce RTX 3090: '24154 MBytes (25327697920 bytes)', {_DQ.format('RTX3090')}"),
+    "RTX4060Ti-16GB": (16857038848, f"GeForce RTX 4060 Ti 16GB: '16076 MBytes (16857038848 bytes)', "
+                                    f"{_DQ.format('RTX4060Ti')}"),
+    "RTX4080-16GB": (16049 * MiB, "GeForce RTX 4080: torch's _CudaDeviceProperties(... total_memory=16049MB ...), "
+                                  "brainglobe cellfinder docs, 'Speeding up cellfinder' (github.com/brainglobe)"),
+    "RTX5090-32GB": (33677180928, "GeForce RTX 5090, driver 570.133.04: deviceQuery '32117 MBytes (33677180928 "
+                                  "bytes)' (github.com/aikitoria/open-gpu-kernel-modules issue 1)"),
+    "A10G-24GB": (22587 * MiB, "NVIDIA A10G (AWS g5): torch 2.15 _CudaDeviceProperties(... total_memory=22587MB ...), "
+                               "TorchCodec docs, 'Accelerated video decoding on GPUs with CUDA and NVDEC' "
+                               "(github.com/meta-pytorch/torchcodec)"),
+    "RTXA6000-48GB": (48676 * MiB, "NVIDIA RTX A6000: _CudaDeviceProperties(... total_memory=48676MB ...), "
+                                   "github.com/pytorch/ao torchao/prototype/hqq/README.md"),
+    "A40-48GB": (47608692736, f"NVIDIA A40: '45403 MBytes (47608692736 bytes)', {_DQ.format('A40x10')}"),
+    "L40S-48GB": (47803596800, f"NVIDIA L40S: '45589 MBytes (47803596800 bytes)', {_DQ.format('L40S')}"),
+    "RTX6000Ada-48GB": (51002867712, f"RTX 6000 Ada: '48640 MBytes (51002867712 bytes)', "
+                                     f"{_DQ.format('RTX6000Ada_x8')}"),
+    "H100NVL-94GB": (99861594112, f"H100 NVL: '95235 MBytes (99861594112 bytes)', {_DQ.format('H100NVLx2')}"),
+    "H200-141GB": (143156 * MiB, "NVIDIA H200: _CudaDeviceProperties(... total_memory=143156MB ...), github.com/"
+                                 "ai-bot-pro/achatbot deploy/modal/src/llm/vllm/vlm/skywork_r1v.py"),
+    "B200-180GB": (182642 * MiB, "NVIDIA B200: _CudaDeviceProperties(... total_memory=182642MB ...), github.com/"
+                                 "ai-bot-pro/achatbot deploy/modal/src/llm/vllm/vlm/skywork_r1v.py"),
+    "MI300X-192GB": (196592 * MiB, "AMD Instinct MI300X (ROCm: torch.cuda reports it): hipDeviceProp "
+                                   "'196592: Total Global Memory (MB)', github.com/thamada/nvidia-smi "
+                                   "gls/MI300X_deviceQuery.py"),
+}
+GPUS.update({k: GPU(sheet=None, total_memory=b, bf16=True, memory_source=src) for k, (b, src) in _MORE.items()})
+
 # the data sheets, by key (V100-32GB is a data sheet only, not a virtual-GPU preset)
 GPU_SPECS: dict[str, GPUDataSheet] = {k: g.sheet for k, g in GPUS.items() if g.sheet is not None}
 # the virtual GPU's presets, by key (RTX4090-24GB has no data sheet here)
 PRESETS: dict[str, GPUSpec] = {k: GPUSpec(k, g.total_memory, g.bf16, g.memory_source)
                                for k, g in GPUS.items() if g.total_memory is not None}
+
+
+# ----------------------------------------------------------------------------- the one resolver
+# What people type for a card: "4090", "rtx4090", "RTX 4090", "GeForce RTX 4090", "h100-80gb", "A100 80GB", "t4".
+# A name is folded (case, spaces, "-", "_" and vendor words dropped; a trailing memory size such as "80gb" split
+# off), then matched against each preset's folded model name; the memory size picks between cards of one model.
+_VENDOR = ("nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon", "rtx")
+MAX_PLAUSIBLE_GIB = 1024      # a bare number above this is no card's capacity: 4090 is a card, not 4090 GiB
+
+
+def _fold(name: str) -> tuple[str, int | None]:
+    """("a100", 80) from "NVIDIA A100-80GB"; ("4090", None) from "RTX 4090"."""
+    m = re.fullmatch(r"(.+?)[\s_\-(]+(\d+)\s*(gb|gib|g)\)?", name.strip().lower())
+    mem = int(m.group(2)) if m else None
+    s = re.sub(r"[\s_\-()]+", "", m.group(1) if m else name.lower())
+    changed = True
+    while changed:
+        changed = False
+        for v in _VENDOR:
+            if s.startswith(v) and len(s) > len(v):
+                s, changed = s[len(v):], True
+    return s, mem
+
+
+_BY_MODEL: dict[str, list[str]] = {}
+for _k in PRESETS:
+    _BY_MODEL.setdefault(_fold(_k)[0], []).append(_k)
+
+
+def _plausible(v: float) -> bool:
+    return 0 < v <= MAX_PLAUSIBLE_GIB
+
+
+def resolve_gpu(gpu, arg: str = "gpu") -> GPUSpec:
+    """The one GPU lookup of memlab (memlab.fit, memlab-fit, its search and memlab.VirtualGPU all use it): a
+    `GPUSpec` (name, capacity in bytes as the card reports it, bf16 tensor cores) from
+      a preset name in any spelling people type ("4090", "rtx4090", "RTX 4090", "h100-80gb", "t4-16gb": `PRESETS`),
+      a capacity in GiB (a number, or a string of one, 0 < GiB <= MAX_PLAUSIBLE_GIB; such a card is taken to have
+      bf16), or an object with a GPUSpec `.spec` (memlab.VirtualGPU).
+    Anything else fails in one line that names the closest presets (and `arg`, the caller's argument)."""
+    spec = getattr(gpu, "spec", None)
+    if isinstance(spec, GPUSpec):
+        return spec
+    if isinstance(gpu, bool) or not isinstance(gpu, (str, int, float)):
+        raise TypeError(f"{arg} must be a GPU name (e.g. '4090', 'A100-80GB'), a capacity in GiB or a "
+                        f"memlab.VirtualGPU, got {type(gpu).__name__}")
+    if isinstance(gpu, str):
+        key = gpu.strip()
+        if key in PRESETS:
+            return PRESETS[key]
+        model, mem = _fold(key)
+        cards = [k for k in _BY_MODEL.get(model, []) if mem is None or int(k.rsplit("-", 1)[1][:-2]) == mem]
+        if len(cards) == 1:
+            return PRESETS[cards[0]]
+        if len(cards) > 1:
+            raise ValueError(f"{arg} {gpu!r} names more than one card: {' or '.join(map(repr, cards))}; add the memory "
+                             f"(e.g. {cards[-1]!r})")
+        try:
+            value = float(key)
+        except ValueError:
+            value = None
+        if value is None or not _plausible(value):
+            near = _near(key) or f" (cards: {', '.join(PRESETS)})"
+            raise ValueError(f"{arg} {gpu!r} is no known card{near} and no capacity in GiB (a number in "
+                             f"(0, {MAX_PLAUSIBLE_GIB}]); memlab-fit --list names every card")
+        gpu = value
+    if not math.isfinite(gpu) or not _plausible(gpu):
+        near = _near(str(int(gpu))) if math.isfinite(gpu) and gpu > MAX_PLAUSIBLE_GIB else ""
+        raise ValueError(f"{arg} as a number is the card's capacity in GiB, in (0, {MAX_PLAUSIBLE_GIB}]; got "
+                         f"{gpu!r}" + (f"; a card{near}? give its name as a string" if near else ""))
+    return GPUSpec(f"{gpu:g}GiB", int(gpu * 2**30), True, "a capacity given in GiB")
+
+
+def _near(key: str) -> str:
+    """" (closest: 'A', 'B')" for a name that is no card, "" when nothing is close."""
+    import difflib
+    model, _ = _fold(key)
+    names = {m: ks for m, ks in _BY_MODEL.items()}
+    close = [k for m in difflib.get_close_matches(model, list(names), n=3, cutoff=0.6) for k in names[m]]
+    close += [k for m, ks in names.items() if model and (m.startswith(model) or model.startswith(m))
+              for k in ks if k not in close]
+    return f" (closest: {', '.join(map(repr, close[:4]))})" if close else ""
 
 
 # The course's one criterion for "it fits": what the step needs stays below the capacity minus this fraction. Where

@@ -45,7 +45,6 @@ adds the context.)
 
 from __future__ import annotations
 
-import difflib
 import math
 import time
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
-from .gpus import PRESETS, GPUSpec
+from .gpus import PRESETS, GPUSpec, resolve_gpu
 from .track import MemoryTracker, format_bytes
 from .validate import number_type, one_of
 
@@ -70,19 +69,11 @@ CUDA_CONTEXT_GB = 0.4
 
 
 def lookup_preset(name: str) -> GPUSpec:
-    """The preset called `name`, ignoring case ("t4-16gb" works); a near miss ("A100", "t4") raises a
-    ValueError that lists the presets it could mean."""
+    """The card called `name`, in any spelling people type ("t4-16gb", "4090", "RTX 4090", "h100-80gb"):
+    `memlab.core.gpus.resolve_gpu`, the one GPU lookup; an unknown name raises a ValueError naming the closest."""
     if not isinstance(name, str):
         raise TypeError(f"preset must be a str, got {type(name).__name__}")
-    by_lower = {k.lower(): k for k in PRESETS}
-    key = name.strip().lower()
-    if key in by_lower:
-        return PRESETS[by_lower[key]]
-    guesses = [k for k in PRESETS if k.lower().startswith(key.split("-")[0])] if key else []
-    guesses += [by_lower[g] for g in difflib.get_close_matches(key, list(by_lower), n=3, cutoff=0.75)
-                if by_lower[g] not in guesses]
-    hint = f" Did you mean {' or '.join(repr(g) for g in guesses)}?" if guesses else ""
-    raise ValueError(f"unknown preset {name!r}.{hint} Presets: {sorted(PRESETS)}; or pass capacity_gb=")
+    return resolve_gpu(name, "preset")
 
 
 # ----------------------------------------------------------------------------- CUDA's autocast lists

@@ -30,16 +30,15 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
 
-from ..core.gpus import HEADROOM, usable_bytes
+from ..core.gpus import HEADROOM, resolve_gpu, usable_bytes
 from .architectures import KINDS
 from ..core.track import CATEGORIES, format_bytes
-from ..core.validate import flag, is_int, is_number, number_in, one_of, pos_int
+from ..core.validate import flag, is_int, number_in, one_of, pos_int
 
 BORDERLINE = 0.02      # a plan with less than 2% of the card to spare beyond the headroom is called borderline
 
@@ -279,18 +278,10 @@ class FitResult:
 
 # ----------------------------------------------------------------------------- fit
 def _gpu(gpu):
-    """(name, capacity bytes) from a preset name, a number of GiB, or a VirtualGPU."""
-    from ..core.virtual_gpu import VirtualGPU, lookup_preset
-    if isinstance(gpu, VirtualGPU):
-        return gpu.name, gpu.capacity
-    if isinstance(gpu, str):
-        spec = lookup_preset(gpu)
-        return spec.name, spec.capacity
-    if is_number(gpu):
-        if not math.isfinite(gpu) or gpu <= 0:
-            raise ValueError(f"gpu as a number is a capacity in GiB and must be > 0, got {gpu!r}")
-        return f"{gpu:g}GiB", int(gpu * GiB)
-    raise TypeError(f"gpu must be a preset name, a capacity in GiB or a memlab.VirtualGPU, got {type(gpu).__name__}")
+    """(name, capacity bytes) of a card by any name people type, a capacity in GiB, or a VirtualGPU
+    (`memlab.core.gpus.resolve_gpu`, the one lookup)."""
+    spec = resolve_gpu(gpu)
+    return spec.name, spec.capacity
 
 
 def context_bytes(gpu_name: str, capacity: int) -> tuple[int, str]:
@@ -320,10 +311,9 @@ def context_bytes(gpu_name: str, capacity: int) -> tuple[int, str]:
 
 
 def auto_precision(gpu) -> str:
-    """"bf16" on a GPU preset with bf16 tensor cores (or a bare capacity), "fp16" on one without (T4, V100)."""
-    from ..core.virtual_gpu import PRESETS, VirtualGPU
-    spec = gpu.spec if isinstance(gpu, VirtualGPU) else PRESETS.get(gpu) if isinstance(gpu, str) else None
-    return "fp16" if spec is not None and not spec.bf16 else "bf16"
+    """"bf16" on a card with bf16 tensor cores (or a bare capacity), "fp16" on one without (T4, V100), whatever
+    the card's spelling ("t4", "T4-16GB", "Tesla T4")."""
+    return "bf16" if resolve_gpu(gpu).bf16 else "fp16"
 
 
 def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "auto",

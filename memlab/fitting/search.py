@@ -249,8 +249,8 @@ def main(argv=None) -> int:
                                  "and what must I turn on? Runs one step on memlab's virtual GPU.")
     ap.add_argument("model", nargs="?", help="a preset (see --list), a path to a Hugging Face config.json")
     ap.add_argument("--list", action="store_true", help="list the shipped model presets and GPU presets, then exit")
-    ap.add_argument("--gpu", default="L4-24GB", help="a GPU preset (T4-16GB, L4-24GB, A100-80GB ...: see --list) or "
-                    "a capacity in GiB (default L4-24GB)")
+    ap.add_argument("--gpu", default="L4-24GB", help="a card as you would name it (4090, 'RTX 3090', a10g, "
+                    "h100-80gb, T4-16GB ...: see --list) or its capacity in GiB (default L4-24GB)")
     ap.add_argument("--batch", type=int, default=1, help="sequences per optimizer step (default 1)")
     ap.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512)")
     for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
@@ -292,18 +292,15 @@ def main(argv=None) -> int:
                         help="never search, even when the plan does not fit (a search runs many steps: minutes)")
     args = ap.parse_args(argv)
     if args.list:
-        from ..core.virtual_gpu import PRESETS
+        from ..core.gpus import PRESETS
         print("models:", ", ".join(fit_presets()))
-        print("GPUs:  ", ", ".join(PRESETS), "(or a capacity in GiB)")
+        print("GPUs:  ", ", ".join(PRESETS), "(any spelling: 4090, rtx4090, 'RTX 4090', h100-80gb; or a capacity "
+              "in GiB)")
         return 0
     if args.model is None:
         print("memlab-fit: error: give a MODEL (a preset, see --list, or a path to a config.json)", file=sys.stderr)
         return 2
     gpu = args.gpu
-    try:
-        gpu = float(gpu)
-    except ValueError:
-        pass
     try:
         r = fit(args.model, gpu, batch=args.batch, seq=args.seq, method=args.method, precision=args.precision,
                 optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
