@@ -212,7 +212,7 @@ def test_bad_model_and_gpu():
         memlab.fit("llama-9b")
     with pytest.raises(TypeError, match="model"):
         memlab.fit(42)
-    with pytest.raises(ValueError, match="preset"):
+    with pytest.raises(ValueError, match="gpu 'B300' is no known card"):
         memlab.fit("gpt2", "B300")
     with pytest.raises(TypeError, match="gpu"):
         memlab.fit("gpt2", [16])
@@ -257,7 +257,8 @@ def test_cli_prints_a_verdict_and_exits_2_on_bad_input():
     helped = _cli("--help")
     text = " ".join(helped.stdout.split())
     assert all(opt in text for opt in ("--offload", "--no-search", "--micro-batch", "--headroom", "--lora-r",
-                                       "--activation-offload", "--step-in-backward", "--paged", "--loss"))
+                                       "--activation-offload", "--step-in-backward", "--paged", "--loss", "--no-cache"))
+    assert "memlab/fit" in text or "MEMLAB_FIT_CACHE" in text, "the help names where measured steps are kept"
     assert "amp: fp32 weights, bf16 autocast" in text and "mixed: bf16 weights and gradients + fp32 master" in text
 
 

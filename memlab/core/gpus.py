@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["GPU", "GPUS", "GPUDataSheet", "GPU_SPECS", "GPUSpec", "PRESETS", "gpu_spec", "match_gpu_spec",
-           "pcie_bandwidth", "resolve_gpu", "MAX_PLAUSIBLE_GIB"]
+           "pcie_bandwidth", "resolve_gpu", "local_gpu", "MAX_PLAUSIBLE_GIB"]
 
 KiB, MiB = 2**10, 2**20
 GBps, TFLOPS = 1e9, 1e12          # data sheets use decimal units for bandwidth and FLOP/s
@@ -242,6 +242,7 @@ def resolve_gpu(gpu, arg: str = "gpu") -> GPUSpec:
     """The one GPU lookup of memlab (memlab.fit, memlab-fit, its search and memlab.VirtualGPU all use it): a
     `GPUSpec` (name, capacity in bytes as the card reports it, bf16 tensor cores) from
       a preset name in any spelling people type ("4090", "rtx4090", "RTX 4090", "h100-80gb", "t4-16gb": `PRESETS`),
+      "local" (this machine's CUDA, ROCm or Apple MPS device as torch reports it: `local_gpu`),
       a capacity in GiB (a number, or a string of one, 0 < GiB <= MAX_PLAUSIBLE_GIB; such a card is taken to have
       bf16), or an object with a GPUSpec `.spec` (memlab.VirtualGPU).
     Anything else fails in one line that names the closest presets (and `arg`, the caller's argument)."""
@@ -255,6 +256,8 @@ def resolve_gpu(gpu, arg: str = "gpu") -> GPUSpec:
         key = gpu.strip()
         if key in PRESETS:
             return PRESETS[key]
+        if key.lower() == "local":
+            return local_gpu()
         model, mem = _fold(key)
         cards = [k for k in _BY_MODEL.get(model, []) if mem is None or int(k.rsplit("-", 1)[1][:-2]) == mem]
         if len(cards) == 1:
@@ -276,6 +279,22 @@ def resolve_gpu(gpu, arg: str = "gpu") -> GPUSpec:
         raise ValueError(f"{arg} as a number is the card's capacity in GiB, in (0, {MAX_PLAUSIBLE_GIB}]; got "
                          f"{gpu!r}" + (f"; a card{near}? give its name as a string" if near else ""))
     return GPUSpec(f"{gpu:g}GiB", int(gpu * 2**30), True, "a capacity given in GiB")
+
+
+def local_gpu() -> GPUSpec:
+    """This machine's accelerator as torch reports it (gpu="local"): a CUDA or ROCm device's total_memory and its
+    bf16 support, or on Apple silicon torch.mps.recommended_max_memory() (the working set Metal recommends; PyTorch's
+    MPS allocator raises its out-of-memory error at PYTORCH_MPS_HIGH_WATERMARK_RATIO, 1.7 by default, times it)."""
+    import torch
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return GPUSpec(f"{props.name} (local)", int(props.total_memory), bool(torch.cuda.is_bf16_supported()),
+                       "torch.cuda.get_device_properties(0).total_memory on this machine")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return GPUSpec("Apple MPS (local)", int(torch.mps.recommended_max_memory()), True,
+                       "torch.mps.recommended_max_memory() on this machine")
+    raise ValueError("gpu 'local' is this machine's GPU, and torch sees none here (no CUDA, ROCm or MPS device); "
+                     "name a card or give a capacity in GiB")
 
 
 def _near(key: str) -> str:

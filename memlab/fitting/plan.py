@@ -27,16 +27,13 @@ with ZeRO, offload or paged state the same share is applied to the partitioned p
 
 from __future__ import annotations
 
-import copy
-import difflib
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
 
 from ..core.gpus import HEADROOM, resolve_gpu, usable_bytes
-from .architectures import KINDS
+from .config import CONFIG_DIR, check_config, fit_presets, load_config, read_config  # noqa: F401
 from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, number_in, one_of, pos_int
 
@@ -54,66 +51,10 @@ GiB, MiB = 2**30, 2**20
 #     pytorch/pytorch pull request 120925), taken for every card to stay on the safe side.
 CUBLAS_WORKSPACE = 8_519_680
 CUBLASLT_WORKSPACE = 32 * MiB
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "fp16", "mixed"),
            "qlora_rest": ("fp32", "16bit"), "loss": ("full", "chunked"),
            "optimizer": ("adamw", "adamw8bit", "sgd"), "checkpointing": ("none", "full", "selective"),
            "zero": (0, 1, 2, 3), "mode": ("train", "inference"), "attention": ("sdpa", "eager")}
-_ALIASES = {"gpt2-small": "gpt2", "mistral-7b-v0.1": "mistral-7b", "llama2-7b": "llama-2-7b"}
-
-
-# ----------------------------------------------------------------------------- configs
-def fit_presets() -> list[str]:
-    """Names of the shipped model configs (memlab/fitting/configs/*.json, Hugging Face config.json contents)."""
-    return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".json"))
-
-
-def load_config(model):
-    """A transformers PretrainedConfig from a preset name (`fit_presets()`), a path to a config.json (or to
-    the folder holding one), a dict of config.json contents, or a PretrainedConfig (copied). A file is read and
-    checked (JSON, a model_type) before transformers is imported, so a bad one fails at once, naming the file."""
-    if not isinstance(model, (dict, str, os.PathLike)):
-        from transformers import PretrainedConfig
-        if isinstance(model, PretrainedConfig):
-            return copy.deepcopy(model)
-    where = "the config"
-    if isinstance(model, dict):
-        d = dict(model)
-    elif isinstance(model, (str, os.PathLike)):
-        name = str(model).strip()
-        key = _ALIASES.get(name.lower(), name.lower())
-        path = os.path.join(CONFIG_DIR, key + ".json") if key in fit_presets() else name
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"model must be a preset ({', '.join(fit_presets())}), a path to a config.json, a "
-                             f"dict or a transformers PretrainedConfig; {name!r} is none of these")
-        where = path
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"model: {path} is not a readable JSON config.json ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"model: {path} holds a JSON {type(d).__name__}, not a config.json object")
-    else:
-        raise TypeError(f"model must be a preset name, a config.json path, a dict or a PretrainedConfig, "
-                        f"got {type(model).__name__}")
-    if "model_type" not in d:
-        raise ValueError(f"model: {where} has no 'model_type' (a Hugging Face config.json names it)")
-    import transformers
-    from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from ..quant.llama import silence_libraries
-    silence_libraries()
-    kind = d["model_type"]
-    if kind not in CONFIG_MAPPING_NAMES:
-        near = difflib.get_close_matches(str(kind), CONFIG_MAPPING_NAMES, n=3)
-        raise ValueError(f"model: {where} names model_type {kind!r}, which transformers {transformers.__version__} "
-                         f"does not know" + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
-                         + f"; memlab.fit runs {KINDS}")
-    d = {k: v for k, v in d.items() if k not in ("transformers_version", "_name_or_path")}
-    return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -379,12 +320,12 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
         pos_int("context", context, zero_ok=True, what="a non-negative int of bytes or None")
     gpu_name, capacity = _gpu(gpu)
     ctx, ctx_source = (context, "given") if context is not None else context_bytes(gpu_name, capacity)
-    cfg = load_config(model)
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    raw = check_config(read_config(model))         # one line for a bad field, before transformers is imported
+    limit = raw.get("max_position_embeddings") or raw.get("n_positions")
     if limit and seq > limit:
         raise ValueError(f"seq ({seq}) exceeds the model's max_position_embeddings ({limit})")
     from .run import measure, plan_cost, shard_phases
-    m = measure(cfg, plan)
+    m = measure(raw if isinstance(model, (str, dict, os.PathLike)) else model, plan)
     info = m["info"]
     phases = shard_phases(m["phases"], info, plan)
     phases.pop("idle", None)          # before "load" and after the step: below the peak of those phases
@@ -406,10 +347,10 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     if "states" in info:   # model states per rank just after the step: no bucket, nothing gathered
         after = shard_phases({"after": {**info["states"], "activations": 0, "temporaries": 0}}, info, plan)
         states = {k: after["after"][k] for k in ("parameters", "gradients", "optimizer")}
-    cost = plan_cost(cfg, plan, info)
+    cost = plan_cost(plan, info)
     if paged:        # at worst the whole state comes in for the update and goes out again, every step
         cost["offload_bytes"] = cost.get("offload_bytes", 0) + 2 * paged
-    name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
+    name = model if isinstance(model, str) else raw["model_type"]
     return FitResult(peak=peak, capacity=capacity, usable=usable, fits=reserved + ctx <= usable,
                      by_category={c: phases[top][c] for c in CATEGORIES},
                      by_phase={ph: d["total"] for ph, d in phases.items()}, plan=asdict(plan),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core.track import CATEGORIES
 
-__all__ = ["measure", "allocator_bytes", "shard_phases", "plan_cost", "clear_cache"]
+__all__ = ["measure", "allocator_bytes", "shard_phases", "plan_cost", "clear_cache", "cache_folder"]
 
 # ----------------------------------------------------------------------------- measuring
 _CACHE: dict = {}
@@ -25,17 +25,29 @@ BASE = 2
 
 
 def clear_cache():
-    """Forget the measured runs and the built models (measure caches them per config and options). A folder named
-    by MEMLAB_FIT_CACHE is left as it is: delete it to forget those."""
+    """Forget the measured runs and the built models of this process (measure caches them per config and options).
+    The folder on disk (`cache_folder`) is left as it is: delete it to forget those."""
     _CACHE.clear()
     _SKELETONS.clear()
 
 
 # ----------------------------------------------------------------------------- measuring, kept on disk
-# MEMLAB_FIT_CACHE=<folder> keeps each measured run there too, so that other processes (a second memlab-fit, the
-# test suite's workers, a class run's judges) read it instead of running it again. A file is named by a hash of
-# the run's key and of what decides the numbers: every source file of memlab and the versions of torch,
-# transformers, peft and bitsandbytes. Change any of them and the old files are simply never read again.
+# Each measured run is kept on disk too, so that other processes (a second memlab-fit, the test suite's workers, a
+# class run's judges) read it instead of running it again: in MEMLAB_FIT_CACHE=<folder> when that is set (set empty,
+# nothing is kept: `memlab-fit --no-cache` does that), else in the user's cache folder, $XDG_CACHE_HOME/memlab/fit
+# (~/.cache/memlab/fit). A file is named by a hash of the run's key (the config's JSON and the run's options) and of
+# what decides the numbers: every source file of memlab and the versions of torch, transformers, peft and
+# bitsandbytes. Change any of them and the old files are simply never read again; delete the folder to forget them.
+def cache_folder() -> Path | None:
+    """Where measured runs are kept (`MEMLAB_FIT_CACHE`, else $XDG_CACHE_HOME/memlab/fit or ~/.cache/memlab/fit);
+    None when MEMLAB_FIT_CACHE is set empty (nothing kept)."""
+    folder = os.environ.get("MEMLAB_FIT_CACHE")
+    if folder is not None:
+        return Path(folder) if folder else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memlab" / "fit"
+
+
 @functools.lru_cache(maxsize=1)
 def _code_version() -> str:
     import importlib.metadata as md
@@ -52,10 +64,10 @@ def _code_version() -> str:
 
 
 def _disk_file(key) -> Path | None:
-    folder = os.environ.get("MEMLAB_FIT_CACHE")
-    if not folder:
+    folder = cache_folder()
+    if folder is None:
         return None
-    return Path(folder) / (hashlib.sha256(repr((_code_version(), key)).encode()).hexdigest() + ".json")
+    return folder / (hashlib.sha256(repr((_code_version(), key)).encode()).hexdigest() + ".json")
 
 
 def _disk_read(key):
@@ -126,29 +138,35 @@ def _skeleton(cfg_key: str, cfg, method, dtype, r, attention):
     return copy.deepcopy(sk), dict(info)
 
 
-def measure(cfg, plan) -> dict:
+def measure(config, plan) -> dict:
     """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
-    to the config's depth. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...},
-    "allocator": `allocator_bytes` of the deeper run} (cached per config and run options).
+    to the config's depth. `config`: config.json contents (a dict, as `memlab.fitting.config.read_config` gives) or a
+    transformers PretrainedConfig. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...},
+    "allocator": `allocator_bytes` of the deeper run}, cached per config and run options in this process and on disk
+    (`cache_folder`): a run measured before is read back without importing transformers.
     The allocator's overhead does not grow linearly with depth (fragmentation settles over several layers), so
     it is not extended: `fit` scales its peak by that run's reserved / allocated (checked against full-depth
     replays in benchmarks/fit.md: 0 to 6% above them, never below, on the plans tried)."""
-    from .model import cut_layers, fit_step, model_depth, precision_dtype
-    from ..core.virtual_gpu import VirtualGPU
-    key = (cfg.to_json_string(use_diff=False), _run_key(plan))
+    from .config import config_key, load_config, read_config
+    raw = config if isinstance(config, dict) else read_config(config)
+    key = (config_key(raw), _run_key(plan))
     if key in _CACHE:
         return _CACHE[key]
     kept = _disk_read(key)
     if kept is not None:
         _CACHE[key] = kept
         return kept
+    from .model import cut_layers, fit_step, model_depth, precision_dtype
+    from ..core.virtual_gpu import VirtualGPU
+    cfg = load_config(config)
     rp = key[1]
     L = model_depth(cfg)
     gpu = VirtualGPU(capacity_gb=2**20)
     runs = []
     ks = (BASE, BASE + 1) if L > BASE else (L,)
+    cfg_json = cfg.to_json_string(use_diff=False)
     for k in ks:
-        sk, info = _skeleton(key[0], cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r,
+        sk, info = _skeleton(cfg_json, cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r,
                              rp.attention)
         r = gpu.run(fit_step, sk, info, rp, timeline=True)
         runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)))
@@ -162,9 +180,18 @@ def measure(cfg, plan) -> dict:
         info = {k: (_extend(i1[k], i2[k], n + 1) if isinstance(i1[k], dict) else i1[k] + n * (i2[k] - i1[k]))
                 for k in i1}
         out = {"phases": phases, "info": info, "allocator": a2}
+    out["info"].update(_shape(cfg, L))
     _CACHE[key] = out
     _disk_write(key, out)
     return out
+
+
+def _shape(cfg, depth: int) -> dict:
+    """What `plan_cost` needs of the config, kept with the run: the depth and the attention's width (heads x
+    head_dim)."""
+    H = getattr(cfg, "num_attention_heads", None) or 1
+    hd = getattr(cfg, "head_dim", None) or getattr(cfg, "hidden_size", H) // H
+    return {"depth": depth, "attn_width": H * hd}
 
 
 def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None) -> dict:
@@ -215,7 +242,7 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
     return out
 
 
-def plan_cost(cfg, plan, info: dict) -> dict:
+def plan_cost(plan, info: dict) -> dict:
     """The extra work a plan does per optimizer step, beside a plain step:
 
       recompute_flops  forward FLOPs recomputed in the backward: checkpointing "full" recomputes every
@@ -241,10 +268,8 @@ def plan_cost(cfg, plan, info: dict) -> dict:
     """
     if plan.mode != "train":
         return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "dequant_bytes": 0, "steps_per_batch": 1}
-    L, tokens = cfg.num_hidden_layers, plan.batch * plan.seq
-    H = cfg.num_attention_heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    attn = 4 * tokens * plan.seq * H * hd
+    L, tokens = info["depth"], plan.batch * plan.seq
+    attn = 4 * tokens * plan.seq * info["attn_width"]
     flops = {"none": 0, "selective": L * attn, "full": L * (2 * info["layer_params"] * tokens + attn)}
     N = plan.gpus
     grads = info["trainable_bytes"]

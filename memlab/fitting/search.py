@@ -7,10 +7,12 @@ first; see `fit_search` for the cost model.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from .plan import CHOICES, FitResult, auto_precision, fit, fit_presets, load_config
+from .config import check_config, read_config
+from .plan import CHOICES, FitResult, auto_precision, fit, fit_presets
 from ..core.gpus import HEADROOM
 from ..core.track import format_bytes
 from ..core.validate import is_int, pos_int
@@ -116,8 +118,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
         gpus = (gpus,)
     if not gpus or not all(is_int(n) and n >= 1 for n in gpus):
         raise ValueError(f"gpus must be a positive int or a list of them, got {gpus!r}")
-    cfg = load_config(model)
-    name = model if isinstance(model, str) else getattr(cfg, "model_type", "model")
+    cfg = check_config(read_config(model))       # the plain config.json dict: every fit below reads it as is
+    name = model if isinstance(model, str) else cfg["model_type"]
     precision = auto_precision(gpu) if precision == "auto" else precision
     base = dict(batch=batch, seq=seq, precision=precision, attention=attention, lora_r=lora_r, headroom=headroom,
                 mode=mode)
@@ -286,6 +288,13 @@ def main(argv=None) -> int:
                          "script casts them (default fp32)")
     ap.add_argument("--headroom", type=float, default=HEADROOM,
                     help="share of the GPU kept free for the CUDA context and fragmentation (default 0.05)")
+    from .run import cache_folder
+    kept = cache_folder()
+    ap.add_argument("--no-cache", action="store_true",
+                    help="measure every step afresh and keep nothing. By default each measured step is kept in "
+                         f"{kept if kept else '(none: MEMLAB_FIT_CACHE is set empty)'} (MEMLAB_FIT_CACHE names "
+                         "another folder; default $XDG_CACHE_HOME/memlab/fit, else ~/.cache/memlab/fit), so a "
+                         "question asked before is answered without running it again")
     search = ap.add_mutually_exclusive_group()
     search.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
     search.add_argument("--no-search", action="store_true",
@@ -300,6 +309,8 @@ def main(argv=None) -> int:
     if args.model is None:
         print("memlab-fit: error: give a MODEL (a preset, see --list, or a path to a config.json)", file=sys.stderr)
         return 2
+    if args.no_cache:
+        os.environ["MEMLAB_FIT_CACHE"] = ""          # this process keeps nothing on disk (memlab.fitting.run)
     gpu = args.gpu
     try:
         r = fit(args.model, gpu, batch=args.batch, seq=args.seq, method=args.method, precision=args.precision,
