@@ -16,13 +16,14 @@ import torch
 from memlab.attention import LLAMA_SHAPES, naive_attention
 from memlab.dist import RankGroup
 from memlab.parallel import (LINKS, PUBLISHED_LAYOUTS, Block, block_param_counts, bubble_fraction,
-                             collective_seconds, in_flight_microbatches, korthikanti_layer_bytes,
+                             collective_seconds, in_flight_microbatches, korthikanti_layer_bytes, kv_head_split,
                              layer_activation_bytes, layout_bytes, link_bandwidth, merge_attention,
                              tp_comm_per_layer, tp_param_bytes, tp_plan)
-from memlab.parallel import runs
+from memlab.parallel import runs, schedules
 
 ROOT = Path(__file__).resolve().parent.parent
-PRELOAD = ("torch.distributed.tensor.parallel", "torch.distributed.pipelining", "memlab.parallel.runs")
+PRELOAD = ("torch.distributed.tensor.parallel", "torch.distributed.pipelining", "memlab.parallel.runs",
+           "memlab.parallel.schedules")
 B, S, D, A = 2, 64, 128, 4                  # tp_run's defaults
 
 
@@ -72,6 +73,48 @@ def test_pipeline_keeps_the_predicted_micro_batches(ranks, schedule, keep_output
         assert 0 <= r["bubble"] < 1 and len(r["intervals"]) == 2 * m
 
 
+@pytest.mark.parametrize("name, recompute", [("gpipe", True), ("interleaved-1f1b", False), ("zb-v", False)])
+def test_torch_schedules_keep_what_their_order_implies(ranks, name, recompute):
+    m, mb, s, d = 4, 2, 32, 64
+    out = ranks.run(schedules.schedule_run, name, m, 4, mb, s, d, 4, recompute)
+    orders = [r["order"] for r in out]
+    played = schedules.timeline(orders, recompute=recompute)
+    boundary = mb * s * d * 4                                     # one (mb, s, h) fp32 tensor
+    for r, sim in zip(out, played["ranks"]):
+        kinds = [k for k, _, _ in r["order"]]
+        assert kinds.count("F") == m * len(r["stages"]) and 0 <= r["bubble"] < 1
+        split = name.startswith("zb")           # zero bubble: every backward split into I and W, none whole
+        assert ("I" in kinds and "W" in kinds) == split and ("B" in kinds) == (not split)
+        if recompute:      # GPipe re-materialised: each micro-batch in flight keeps one boundary tensor
+            assert r["peak_kept"] == m * boundary, r["actions"]
+        else:              # the order's chunk-micro-batches in flight, plus tensors received for the next
+            extra = r["peak_kept"] - sim["in_flight"] * r["chunk_bytes"]     # compute: <= 2 per chunk
+            assert 0 <= extra <= 2 * len(r["stages"]) * boundary, (r["rank"], r["peak_kept"], sim["in_flight"])
+    # played at the papers' unit costs: interleaving divides 1F1B's bubble (p-1)/m by v = 2
+    if name == "interleaved-1f1b":
+        assert all(x["idle_share"] == pytest.approx(bubble_fraction(2, m, chunks=2)) for x in played["ranks"])
+    if name == "gpipe":
+        assert all(x["idle_share"] == pytest.approx(bubble_fraction(2, m)) for x in played["ranks"])
+
+
+def test_timeline_plays_the_papers_schedules():
+    m = 4
+    gpipe = [[("F", s, k) for k in range(m)] + [("B", s, k) for k in range(m)] for s in range(2)]
+    one_f_one_b = [[("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("F", 0, 2), ("B", 0, 1), ("F", 0, 3), ("B", 0, 2),
+                    ("B", 0, 3)],
+                   [x for k in range(m) for x in (("F", 1, k), ("B", 1, k))]]
+    for order, flight in ((gpipe, [4, 4]), (one_f_one_b, [2, 1])):
+        t = schedules.timeline(order)
+        assert t["step"] == m * 3 + 3 and [r["in_flight"] for r in t["ranks"]] == flight
+        assert all(r["idle_share"] == pytest.approx(bubble_fraction(2, m)) for r in t["ranks"])
+    # GPipe re-materialised: each backward runs its forward again (cost 3), the bubble share stays (p-1)/(m+p-1)
+    remat = schedules.timeline(gpipe, recompute=True)
+    assert remat["step"] == m * 4 + 4 and remat["ranks"][0]["idle_share"] == pytest.approx(0.2)
+    # measured durations replace the unit costs: the last stage's slow backward delays the first stage's
+    slow = schedules.timeline(one_f_one_b, durations=[[1, 1, 2, 1, 2, 1, 2, 2], [1, 5] * m])
+    assert slow["ranks"][1]["busy"] == 24 and slow["step"] > t["step"]
+
+
 def test_ring_attention_equals_full_attention(ranks):
     for causal in (True, False):
         for r in ranks.run(runs.ring_attention_run, 1, 2, 64, 16, causal):
@@ -97,6 +140,10 @@ def test_traffic_formula():
 
 def test_pipeline_formulas():
     assert bubble_fraction(2, 4) == pytest.approx(0.2) and bubble_fraction(1, 8) == 0
+    # Narayanan et al.'s bubble time fraction is (p-1)/m of the ideal time; interleaving divides it by v
+    assert bubble_fraction(4, 8, of="ideal") == pytest.approx(3 / 8)
+    assert bubble_fraction(4, 8) == pytest.approx(3 / 11) and bubble_fraction(4, 8, chunks=2) == pytest.approx(3 / 19)
+    assert bubble_fraction(4, 8, chunks=2, of="ideal") == pytest.approx(3 / 16)
     assert [in_flight_microbatches("1f1b", 4, 8, s) for s in range(4)] == [4, 3, 2, 1]
     assert in_flight_microbatches("1f1b", 4, 2, 0) == 2 and in_flight_microbatches("gpipe", 4, 8, 3) == 8
 
@@ -115,6 +162,12 @@ def test_layout_and_links():
     shape = LLAMA_SHAPES["Llama-2-70B"]
     one, two = (layout_bytes(shape, tp=8, pp=p, dp=64 // (8 * p), seq=4096) for p in (1, 2))
     assert one["first"]["parameters"] == 2 * one["first"]["stage_params"]
+    # fp32 gradient accumulation (Megatron-LM, Llama 3): 4 bytes per parameter; bf16 gradients: 2
+    assert one["first"]["gradients"] == 4 * one["first"]["stage_params"]
+    bf16 = layout_bytes(shape, tp=8, pp=1, dp=8, seq=4096, grad_bytes=2)
+    assert one["first"]["total"] - bf16["first"]["total"] == 2 * one["first"]["stage_params"]
+    assert kv_head_split(8, 4) == {"per_rank": 2, "replicas": 1} and kv_head_split(8, 16) == {"per_rank": 1,
+                                                                                               "replicas": 2}
     assert two["first"]["parameters"] < one["first"]["parameters"]
     assert two["first"]["activations"] == one["first"]["activations"]    # p micro-batches x L/p layers
     assert two["last"]["activations"] * 2 == two["first"]["activations"]
@@ -142,6 +195,17 @@ BAD = [
     (lambda: korthikanti_layer_bytes(64, 2, 128, 4, 0), ValueError, "t"),
     (lambda: tp_comm_per_layer(64, 2, 128, 2, sequence_parallel="yes"), TypeError, "sequence_parallel"),
     (lambda: bubble_fraction(0, 4), ValueError, "p"),
+    (lambda: bubble_fraction(2, 4, 0), ValueError, "chunks"),
+    (lambda: bubble_fraction(2, 4, of="total"), ValueError, "of"),
+    (lambda: kv_head_split(8, 3), ValueError, "t"),
+    (lambda: layout_bytes(LLAMA_SHAPES["Llama-2-70B"], tp=8, pp=2, dp=4, seq=4096, grad_bytes=3), ValueError,
+     "grad_bytes"),
+    (lambda: schedules.timeline([]), ValueError, "orders"),
+    (lambda: schedules.timeline([[("X", 0, 0)]]), ValueError, "orders"),
+    (lambda: schedules.timeline([[("B", 0, 0), ("F", 0, 0)]]), ValueError, "deadlock"),
+    (lambda: schedules.timeline([[("F", 0, 0)]], durations=[[1, 2]]), ValueError, "durations"),
+    (lambda: schedules.schedule_run("pipedream"), ValueError, "schedule"),
+    (lambda: schedules.schedule_run("zb-v", recompute="yes"), TypeError, "recompute"),
     (lambda: in_flight_microbatches("zb", 2, 4, 0), ValueError, "schedule"),
     (lambda: in_flight_microbatches("1f1b", 2, 4, 2), ValueError, "stage"),
     (lambda: merge_attention(None, None, [1.0], torch.zeros(1)), TypeError, "out_b"),

@@ -3,10 +3,13 @@ step, the links a collective crosses, and a 3-D layout (tensor x pipeline x data
 data-parallel ranks) of a Llama-style model priced per GPU with the same formulas the small runs check.
 
 Sources: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM" (Sec. 2.2: the bubble (p-1)/(m+p-1), GPipe and 1F1B); Korthikanti et al. 2022 (Sec. 4.2.3: with
-1F1B the first stage keeps p micro-batches in flight); Liu et al. 2023, "Ring Attention with Blockwise
-Transformers for Near-Infinite Context" (blocks of keys and values passed around a ring); Rajbhandari et al. 2020
-(ZeRO-1: the optimizer state split over the data-parallel ranks).
+Megatron-LM" (Sec. 2.2.1: GPipe's and 1F1B's bubble is (p-1)/m of the ideal time; Sec. 2.2.2: interleaving v
+chunks per GPU divides it by v); Huang et al. 2019, "GPipe" (Sec. 2.3: the same bubble as a share of the step,
+O((K-1)/(M+K-1))); Korthikanti et al. 2022 (Sec. 4.2.3: with 1F1B the first stage keeps p micro-batches in
+flight); Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context" (blocks of keys
+and values passed around a ring); Rajbhandari et al. 2020 (ZeRO-1: the optimizer state split over the
+data-parallel ranks); Megatron Core's distributed optimizer guide and Dubey et al. 2024 (Llama 3, Sec. 3.3.2,
+"Numerical stability") for fp32 gradient accumulation.
 """
 
 from __future__ import annotations
@@ -21,16 +24,24 @@ __all__ = ["bubble_fraction", "in_flight_microbatches", "merge_attention", "LINK
            "collective_seconds", "layout_bytes", "PUBLISHED_LAYOUTS"]
 
 SCHEDULES = ("gpipe", "1f1b")
+BUBBLE_OF = ("step", "ideal")
 
 
 # ----------------------------------------------------------------------------- pipelines
-def bubble_fraction(p: int, m: int) -> float:
-    """Idle share of a GPipe or 1F1B step with p stages and m micro-batches: (p-1)/(m+p-1) (Narayanan et al.
-    2021, Sec. 2.2: the bubble lasts (p-1)(t_f+t_b) of an ideal m(t_f+t_b)). Assumes equal stages and free
-    communication."""
+def bubble_fraction(p: int, m: int, chunks: int = 1, of: str = "step") -> float:
+    """The pipeline bubble of GPipe or 1F1B (chunks=1) or interleaved 1F1B (`chunks` model chunks per GPU) with
+    p stages and m micro-batches, equal stages and free communication. Each stage idles (p-1)(t_f+t_b)/chunks
+    per step while its useful work, the ideal time, is m(t_f+t_b) (Narayanan et al. 2021, Sec. 2.2.1-2.2.2).
+
+    of="ideal": Narayanan et al.'s "bubble time fraction", idle time / ideal time = (p-1)/(chunks*m).
+    of="step": the idle share of the whole step, idle / (ideal + idle) = (p-1)/(chunks*m + p-1), which is what
+    a measured timeline shows and GPipe's form (Huang et al. 2019, Sec. 2.3: O((K-1)/(M+K-1)))."""
     pos_int("p", p)
     pos_int("m", m)
-    return (p - 1) / (m + p - 1)
+    pos_int("chunks", chunks)
+    one_of("of", of, BUBBLE_OF)
+    idle = (p - 1) / (chunks * m)                    # per unit of ideal time
+    return idle if of == "ideal" else idle / (1 + idle)
 
 
 def in_flight_microbatches(schedule: str, p: int, m: int, stage: int) -> int:
@@ -108,11 +119,14 @@ def _check_layout(shape, tp, pp, dp, seq, micro_batch, n_micro):
 
 
 def layout_bytes(shape: dict, *, tp: int, pp: int, dp: int, seq: int, micro_batch: int = 1, n_micro: int = 8,
-                 zero1: bool = True, recompute: bool = False, schedule: str = "1f1b") -> dict:
+                 zero1: bool = True, recompute: bool = False, schedule: str = "1f1b", grad_bytes: int = 4) -> dict:
     """Per-GPU bytes of one training step of a Llama-style decoder (`memlab.attention.LLAMA_SHAPES` entry) on
-    tp x pp x dp GPUs: bf16 weights and gradients, K = 12 bytes of fp32 Adam state per parameter split over the
-    dp ranks with ZeRO-1 (zero1=False: kept whole), Megatron's sequence parallelism, a fused attention kernel,
-    1F1B (or GPipe) over n_micro micro-batches of micro_batch x seq tokens.
+    tp x pp x dp GPUs: bf16 weights; gradients accumulated in fp32 over the micro-batches (grad_bytes=4, as
+    Megatron-LM's distributed optimizer keeps them, "bf16 parameters, fp32 gradients: 6 + 12/d bytes per
+    parameter", and as Llama 3 was trained, Dubey et al. 2024, Sec. 3.3.2; grad_bytes=2: bf16 gradients);
+    K = 12 bytes of fp32 Adam state (master weights and two moments) per parameter split over the dp ranks
+    with ZeRO-1 (zero1=False: kept whole), Megatron's sequence parallelism, a fused attention kernel, 1F1B (or
+    GPipe) over n_micro micro-batches of micro_batch x seq tokens.
 
     Returns, for the first and the last pipeline stage ("first", "last"), a dict of bytes: parameters,
     gradients, optimizer, activations (in-flight micro-batches x layers on the stage x
@@ -123,6 +137,7 @@ def layout_bytes(shape: dict, *, tp: int, pp: int, dp: int, seq: int, micro_batc
     flag("zero1", zero1)
     flag("recompute", recompute)
     one_of("schedule", schedule, SCHEDULES)
+    one_of("grad_bytes", grad_bytes, (2, 4))
     L, H, KV, d, C, F, V = (shape[k] for k in ("n_layer", "n_head", "n_kv_head", "head_dim", "hidden", "ffn",
                                                 "vocab"))
     proj = 2 * C * H * d + 2 * C * KV * d + 3 * C * F                       # one layer's matrices
@@ -137,7 +152,7 @@ def layout_bytes(shape: dict, *, tp: int, pp: int, dp: int, seq: int, micro_batc
     for name, stage in (("first", 0), ("last", pp - 1)):
         params = (L // pp) * layer + (V * C // tp if stage == 0 else 0) + (V * C // tp + C if stage == pp - 1 else 0)
         flight = in_flight_microbatches(schedule, pp, n_micro, stage)
-        row = {"stage_params": params, "parameters": 2 * params, "gradients": 2 * params,
+        row = {"stage_params": params, "parameters": 2 * params, "gradients": grad_bytes * params,
                "optimizer": 12 * params // (dp if zero1 else 1),
                "activations": flight * (L // pp) * act_layer,
                "logits": 4 * seq * micro_batch * V // tp if stage == pp - 1 else 0}

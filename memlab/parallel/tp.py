@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..core.validate import flag, one_of, pos_int
 
 __all__ = ["Attention", "FeedForward", "Block", "tp_plan", "block_param_counts", "tp_param_bytes",
-           "layer_activation_bytes", "korthikanti_layer_bytes", "tp_comm_per_layer"]
+           "kv_head_split", "layer_activation_bytes", "korthikanti_layer_bytes", "tp_comm_per_layer"]
 
 
 # ----------------------------------------------------------------------------- a block written to be split
@@ -117,6 +117,22 @@ def tp_param_bytes(d: int, f: int | None = None, t: int = 1, bytes_per_param: in
     if c["sharded"] % t:
         raise ValueError(f"t ({t}) must divide the block's widths evenly")
     return bytes_per_param * (c["sharded"] // t + c["replicated"])
+
+
+def kv_head_split(kv_heads: int, t: int) -> dict[str, int]:
+    """How t tensor-parallel ranks share the key/value heads of grouped-query attention. Each rank needs whole
+    k/v heads for its query heads. t divides kv_heads: each rank keeps kv_heads/t of them, one copy of each
+    (Megatron-LM requires this: `divide(config.num_query_groups, world_size)` in
+    megatron/core/transformer/attention.py). kv_heads divides t: each rank keeps one, and every head is
+    replicated on t/kv_heads ranks (vLLM's `QKVParallelLinear`, num_kv_head_replicas). Returns
+    {"per_rank", "replicas"}; any other t raises ValueError."""
+    pos_int("kv_heads", kv_heads)
+    pos_int("t", t)
+    if kv_heads % t == 0:
+        return {"per_rank": kv_heads // t, "replicas": 1}
+    if t % kv_heads == 0:
+        return {"per_rank": 1, "replicas": t // kv_heads}
+    raise ValueError(f"t ({t}) must divide kv_heads ({kv_heads}) or be a multiple of it")
 
 
 # ----------------------------------------------------------------------------- activations
