@@ -32,7 +32,8 @@ from pathlib import Path
 from . import gradebook
 from .checks import CHECKS
 from .sandbox import Limits, Sandbox
-from .trusted import Exercise, Graded, NotGradable, grade_notebook, read_notebook, stage_course_code
+from .trusted import (Exercise, Graded, NotGradable, grade_notebook, installed_graders, python_binds, read_notebook,
+                      stage_course_code)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "autograder"
@@ -169,12 +170,15 @@ def check_notebook(notebook: Path, assignment: str | None = None, timeout: float
         raise SystemExit(f"no such notebook: {notebook}")
     ex = exercise(assignment or _assignment_of(notebook, release), release)
     sandbox = Sandbox()
-    if sandbox.warning():
-        print(sandbox.warning(), file=sys.stderr)
-    print(f"grading {notebook.name} as {ex.name} in a sandbox: the whole notebook runs, hidden tests included "
+    print(sandbox.describe(), file=sys.stderr)
+    if not sandbox.protected:
+        print("warning: your notebook runs unprotected here: fine for checking your own work, never for grading a "
+              "class", file=sys.stderr)
+    print(f"grading {notebook.name} as {ex.name}: the whole notebook runs, hidden tests included "
           f"(a minute or more; at most {timeout:.0f} s)...", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="memlab-check-") as tmp:
         stage = stage_course_code(Path(tmp) / "course")
+        _open_to_learners(Path(tmp), sandbox, stage, [])
         try:
             return grade_notebook(notebook, ex, stage=stage, sandbox=sandbox, limits=Limits(wall_s=timeout))
         except NotGradable as e:
@@ -190,6 +194,19 @@ def cmd_check(notebook: str, assignment: str | None, timeout: float) -> None:
     if graded.flags:
         print("\nFlagged for your instructor (code that tampers with how it is measured):\n"
               + "\n".join(f"- {f}" for f in graded.flags))
+
+
+def _open_to_learners(tmp: Path, sandbox: Sandbox, stage: Path, private: list[Path]) -> None:
+    """Separate-user line: let learners' users reach the staged learner-side code (and nothing else of `tmp`), then
+    check that they can read what Python needs and none of the course's trusted files, the solutions, the tests,
+    `private` (submissions, the gradebook) or a copy of the grader installed into the environment (SystemExit with
+    the fix otherwise). Nothing to do in the other lines."""
+    if sandbox.line != "user":
+        return
+    os.chmod(tmp, 0o711)
+    secret = [ROOT / "autograder" / "checks", ROOT / "solutions", ROOT / "tests", *private, *installed_graders()]
+    needed = [Path(os.path.realpath(sys.executable)), *python_binds(), stage / "autograder" / "harness.py"]
+    sandbox.preflight([p for p in secret if p.exists()], needed)
 
 
 @dataclass
@@ -220,8 +237,16 @@ def collect(submissions: Path, ex: Exercise) -> tuple[dict[str, Path], dict[str,
     found: dict[str, Path] = {}
     failed: dict[str, str] = {}
     skipped: dict[str, str] = {}
-    for entry in sorted(submissions.iterdir()):
+    entries = sorted(submissions.iterdir())
+    named: dict[str, list[str]] = {}
+    for entry in entries:
+        sid = entry.stem if entry.is_file() and not entry.is_symlink() and entry.suffix == ".ipynb" else entry.name
+        named.setdefault(sid, []).append(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
+    for entry in entries:
         sid = entry.stem if entry.is_file() and not entry.is_symlink() else entry.name
+        if len(named.get(sid, ())) > 1 and not entry.name.startswith("."):
+            failed[sid] = f"two entries name this learner ({' and '.join(named[sid])}): keep one and grade again"
+            continue
         shown = repr(entry.name) if not entry.name.isprintable() else entry.name
         if entry.name.startswith("."):
             skipped[shown] = "hidden file"
@@ -260,11 +285,12 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
         raise SystemExit(f"no submissions in {submissions}: expected <learner>.ipynb, <learner>/{ex.release.name} or "
                          f"<learner>/{ex.name}/{ex.release.name}")
     res = ClassResult(failed=dict(failed), skipped=skipped)
+    sandbox = Sandbox()
+    if sandbox.refusal():
+        raise SystemExit(sandbox.refusal())
+    log(sandbox.describe())
     log(f"{ex.name}: {len(found)} learner notebook(s) found, {len(skipped)} other entries skipped; registering the "
         f"assignment in the gradebook...")
-    sandbox = Sandbox()
-    if sandbox.warning():
-        log(sandbox.warning())
     gradebook.ensure_assignment(course.db_url, ex)
     limits = Limits(wall_s=timeout, memory_bytes=int(memory_gb * 2**30))
     learners = {}
@@ -278,7 +304,8 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
     with tempfile.TemporaryDirectory(prefix="memlab-class-") as tmp:
         stage = stage_course_code(Path(tmp) / "course")
         copies = Path(tmp) / "submissions"
-        copies.mkdir()
+        copies.mkdir(mode=0o700)
+        _open_to_learners(Path(tmp), sandbox, stage, [submissions, course.db])
         for sid, nb in learners.items():
             (copies / f"{sid}.ipynb").write_text(__import__("json").dumps(nb), encoding="utf-8")
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -356,8 +383,8 @@ def cmd_public(dest: str) -> None:
     out = Path(dest).resolve()
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"DEST must be a new or empty folder, got {out}")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback",
-                                    ".ipynb_checkpoints", "work")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook*", "submitted", "autograded", "feedback",
+                                    ".ipynb_checkpoints", "work", "grades.csv", "flags.json", "release", "source")
     for name in PUBLIC:
         src = ROOT / name
         if src.is_dir():

@@ -114,11 +114,12 @@ def scores(course, assignment: str, student: str) -> dict[str, tuple[float, floa
 
 
 def _flags_path(course) -> Path:
-    return course.root / "autograder" / "flags.json"
+    return course.db.with_name(course.db.stem + "-flags.json")
 
 
 def record_flags(course, assignment: str, student: str, flags: list[str]) -> None:
-    """Keep a learner's tampering flags beside the gradebook (autograder/flags.json), for grades.csv."""
+    """Keep a learner's tampering flags beside the gradebook (gradebook-flags.json next to gradebook.db, ignored by
+    git and never copied into the learners' copy), for grades.csv."""
     path = _flags_path(course)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -8,10 +8,15 @@ zip holds `setup.sh`, run once when the image is built, and `run_autograder`, ru
 unpacked into /autograder/source, the learner's files are in /autograder/submission, and the results go to
 /autograder/results/results.json as {"score", "output", "tests": [{"name", "score", "max_score", "output"}]}.
 
-Here setup.sh installs bubblewrap and the course kit (memlab and the grader, with the versions this zip was built
-from, CPU PyTorch); run_autograder calls `python -m autograder.gradescope run`, which grades the submitted notebook
-exactly as `memlab-grade check` does (learner code in the sandbox, judged by the trusted checks) and writes one
-Gradescope test per task, with the teaching message of every check that failed.
+Here setup.sh installs Python, bubblewrap and the grading's dependencies only, every version pinned to the
+environment that built this zip (`requirements.txt`, CPU PyTorch) into /opt/memlab/venv, readable by every user.
+The course itself is never installed there: run_autograder runs the grader from /autograder/source, which it first
+makes private to root, as it does the submission. So the learner's process, whichever line protects it
+(bubblewrap where it can run; in Gradescope's containers, where bubblewrap cannot mount /proc, a user of its own:
+autograder/sandbox.py), finds no copy of the trusted checks anywhere it can read. run_autograder calls
+`python -m autograder.gradescope run`, which grades the submitted notebook exactly as `memlab-grade check` does and
+writes one Gradescope test per task, with the teaching message of every check that failed and the line of
+protection it ran under.
 """
 
 from __future__ import annotations
@@ -28,31 +33,62 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback",
                                 ".ipynb_checkpoints", "grades.csv", "flags.json")
-# the packages the grader imports, pinned in the zip to the versions of the environment that built it
-PINNED = ("torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "transformers", "accelerate", "nbformat", "nbclient",
-          "ipykernel", "nbgrader", "deepspeed", "peft", "bitsandbytes")
+# what grading imports (the grader, the harness and every exercise's notebook); setup.sh installs these and what they
+# depend on, each pinned to the version of the environment that built the zip, and nothing else
+GRADING = ("torch", "numpy", "matplotlib", "ipython", "traitlets", "tqdm", "ipywidgets", "transformers", "accelerate",
+           "deepspeed", "peft", "bitsandbytes")
+VENV = "/opt/memlab/venv"
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder image.
 set -euo pipefail
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap
-python3 -m venv /autograder/venv
-PIP=/autograder/venv/bin/pip
+python3 -m venv %(venv)s
+PIP=%(venv)s/bin/pip
 $PIP install -q --upgrade pip
-# CPU PyTorch (graders need no GPU); then the kit with the versions this zip was built and tested with
+# CPU PyTorch (graders need no GPU), then what grading imports, every version pinned; the course is not installed:
+# run_autograder runs it from /autograder/source, private to root
 $PIP install -q --index-url https://download.pytorch.org/whl/cpu "torch==$(cat /autograder/source/torch-version.txt)"
-$PIP install -q -c /autograder/source/constraints.txt "/autograder/source[course,zero,qlora]"
-"""
+$PIP install -q --no-deps -r /autograder/source/requirements.txt
+chmod -R a+rX /opt/memlab
+""" % {"venv": VENV}
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for every submission (the learner's files are in $ROOT/submission).
 set -uo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
-PY="${MEMLAB_GRADESCOPE_PYTHON:-$ROOT/venv/bin/python}"
+PY="${MEMLAB_GRADESCOPE_PYTHON:-%(venv)s/bin/python}"
+# the course (trusted checks included) and the submission are root's alone: a learner runs as another user
+chmod 700 "$ROOT/source" "$ROOT/submission" 2>/dev/null
 cd "$ROOT/source"
-exec "$PY" -m autograder.gradescope run --root "$ROOT" --assignment "$(cat "$ROOT/source/assignment.txt")"
-"""
+PYTHONPATH="$ROOT/source" exec "$PY" -m autograder.gradescope run --root "$ROOT" \
+    --assignment "$(cat "$ROOT/source/assignment.txt")"
+""" % {"venv": VENV}
+
+
+def requirements(roots=GRADING) -> list[str]:
+    """name==version for `roots` and everything they depend on in this environment (markers evaluated here), torch
+    excepted (setup.sh takes the CPU build): what the image installs, nothing floating."""
+    from packaging.requirements import Requirement
+    seen, todo, out = set(), list(roots), []
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if key != "torch" and not key.startswith(("nvidia-", "triton")):
+            out.append(f"{dist.metadata['Name']}=={dist.version}")
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return sorted(out, key=str.lower)
 
 
 # ----------------------------------------------------------------------------- building the zip
@@ -83,8 +119,7 @@ def build(assignment: str, out: Path, release: Path | None = None) -> Path:
         (src / "assignment.txt").write_text(assignment + "\n")
         torch_version = (_version("torch") or "2.13.0").split("+")[0]
         (src / "torch-version.txt").write_text(torch_version + "\n")
-        pins = [f"{d}=={v}" for d in PINNED if d != "torch" and (v := _version(d))]
-        (src / "constraints.txt").write_text("\n".join(pins) + "\n")
+        (src / "requirements.txt").write_text("\n".join(requirements()) + "\n")
         (src / "setup.sh").write_text(SETUP_SH)
         (src / "run_autograder").write_text(RUN_AUTOGRADER)
         path = out / f"{assignment}-gradescope.zip"
@@ -125,6 +160,8 @@ def results(graded, assignment: str) -> dict:
               "visibility": "visible"}
              for i, (task, (s, m)) in enumerate(by_task(graded.scores).items())]
     notes = ([graded.note] if graded.note else []) + [f"error in {e}" for e in graded.cell_errors]
+    if getattr(graded, "protection", None):
+        notes.append(graded.protection)
     if graded.flags:
         notes.append("flagged for your instructor: " + "; ".join(graded.flags))
     return {"score": sum(t["score"] for t in tests), "output": "\n".join([f"{assignment}"] + notes),

@@ -4,10 +4,15 @@
    the release notebook's locked cells (setup, helpers) as released, each solution
    cell from the learner's notebook (matched by grade_id), and any extra code cells
    the learner added. Test cells are never taken from the learner: the checks come
-   from `autograder/checks/exNN.py`, points from the release notebook.
-2. It draws the check cases (visible: fixed seed; hidden: fresh randomness) and
-   runs the learner's code on them in a sandbox (`autograder/sandbox.py`,
-   `autograder/harness.py`), which returns plain data.
+   from `autograder/checks/exNN/`, points from the release notebook.
+2. It draws the check cases (visible: fixed seed; hidden: fresh randomness) and keeps
+   them. The learner's code runs in a sandbox (`autograder/sandbox.py`) under
+   `autograder/harness.py`, which holds only the learner side of the checks
+   (LEARNER_SIDE). After the notebook's cells have run, the grader hands over one case
+   at a time and reads its reply (`converse`): a reply it did not ask for is flagged,
+   each case's memory is measured from outside (the sandbox's cgroup), and threads and
+   processes are counted from outside before and after each case, during which their
+   creation is frozen.
 3. After the sandbox has ended, it judges each result against the checks'
    own references, in a judging process of its own (trusted code, forked from a
    server that has torch loaded) with a time and memory budget per learner, and gives
@@ -25,10 +30,12 @@ import multiprocessing
 import os
 import re
 import resource
+import secrets
 import shutil
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,39 +194,42 @@ class Graded:
     note: str | None = None                                                # the run as a whole (time-out ...)
     seconds: float = 0.0
     memory_peak: int | None = None                                         # the sandbox cgroup's peak (bytes)
-    memory_growth: dict[str, int] = field(default_factory=dict)            # watched case's key -> its memory
+    memory_growth: dict[str, int] = field(default_factory=dict)            # each case's key -> its memory
                                                                            # growth seen from outside (bytes)
+    protection: str | None = None                                          # the sandbox's line (Sandbox.describe)
 
     @property
     def total(self) -> tuple[float, float]:
         return sum(s for s, _ in self.scores.values()), sum(m for _, m in self.scores.values())
 
 
-# What an exercise's judge.py and refs.py become in the sandbox: the grader's references and judges never run
-# there, so a notebook cannot call them for its answers (any name is a function that refuses).
-SANDBOX_STUB = '''"""Not in the sandbox: the references and judges run only in the trusted grader."""
-
-
-def __getattr__(name):
-    def unavailable(*args, **kwargs):
-        raise RuntimeError(f"{name} is the grader's own code: it is not available to your notebook")
-    return unavailable
-'''
+# The learner side of each exercise's checks: what the sandbox may load. Everything else of a check package (its
+# cases, refs and judge: the trusted side) stays with the grader and is never copied where a learner's process runs.
+LEARNER_SIDE = ("__init__.py", "inputs.py", "run.py")
+PROTOCOL_SECONDS = 120          # a harness that takes longer than this to start (before any learner code) is broken
 
 
 def stage_course_code(dst: Path) -> Path:
-    """A copy of the code the sandbox may see: memlab and the grader's learner-side modules (each exercise's
-    cases and run; its judge.py and refs.py as stubs that refuse)."""
+    """A copy of the code the sandbox may see, readable by every user: memlab, the harness, and the learner side of
+    each exercise's checks (LEARNER_SIDE, plus checks/common.py and checks/__init__.py)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "gradebook.db", "submitted", "autograded", "feedback")
     shutil.copytree(ROOT / "memlab", dst / "memlab", ignore=ignore)
-    (dst / "autograder").mkdir(parents=True)
+    checks = dst / "autograder" / "checks"
+    checks.mkdir(parents=True)
     for f in ("__init__.py", "harness.py"):
         shutil.copy(ROOT / "autograder" / f, dst / "autograder" / f)
-    shutil.copytree(ROOT / "autograder" / "checks", dst / "autograder" / "checks", ignore=ignore)
-    for package in (dst / "autograder" / "checks").iterdir():
-        for f in ("judge.py", "refs.py"):
-            if (package / f).is_file():
-                (package / f).write_text(SANDBOX_STUB)
+    for f in ("__init__.py", "common.py"):
+        shutil.copy(ROOT / "autograder" / "checks" / f, checks / f)
+    for package in sorted((ROOT / "autograder" / "checks").iterdir()):
+        if package.is_dir() and (package / "__init__.py").is_file():
+            (checks / package.name).mkdir()
+            for f in LEARNER_SIDE:
+                if (package / f).is_file():
+                    shutil.copy(package / f, checks / package.name / f)
+    for d, dirs, files in os.walk(dst):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
     return dst
 
 
@@ -227,7 +237,7 @@ def python_binds() -> list[Path]:
     """Folders the sandbox needs to run this Python with its packages (read-only): the interpreter's prefixes and
     the package folders on sys.path (site-packages, dist-packages, eggs). Never the current folder, this course
     or a folder that holds it, so `python -m autograder.grade` run from anywhere sees exactly what
-    `memlab-grade` sees."""
+    `memlab-grade` sees. (A copy of the grader installed into site-packages is masked in the sandbox.)"""
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for p in sys.path:
         if not p or not Path(p).is_dir():
@@ -240,6 +250,140 @@ def python_binds() -> list[Path]:
                 keep.add(rp)
     keep.add(Path(os.path.realpath(sys.executable)).parent)
     return sorted(keep)
+
+
+def installed_graders() -> list[Path]:
+    """Copies of the grader's checks installed into this Python's package folders (a non-editable install): what a
+    learner's process must not read."""
+    out = []
+    for b in python_binds():
+        for site in [b, *b.glob("lib/python3*/site-packages"), *b.glob("lib/python3*/dist-packages")]:
+            if (site / "autograder" / "checks").is_dir():
+                out.append(site / "autograder")
+    return sorted(set(out))
+
+
+# A reply that tells of a thread or process the kernel refused to start (the grader froze their creation)
+_REFUSED = re.compile(r"can't start new thread|Resource temporarily unavailable|BlockingIOError|\[Errno 11\]")
+THREAD_HINT = (": the grader measures the work done in the thread that calls your function, so while a check runs "
+               "no thread or process may start; do all of the work there")
+
+
+@dataclass
+class Conversation:
+    """What came back from one learner's harness: each probe's reply line (by key), cell errors, and what broke the
+    protocol (replies nobody asked for, lines that could not be read)."""
+    results: dict = field(default_factory=dict)
+    cell_errors: list = field(default_factory=list)
+    unasked: int = 0
+    dropped: int = 0
+    growth: dict = field(default_factory=dict)
+    note: str | None = None
+
+
+def _parse(raw: bytes):
+    try:
+        r = json.loads(raw.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):          # ValueError covers JSONDecodeError and the int digits limit
+        return None
+    return r if isinstance(r, dict) else None
+
+
+def converse(session, job: dict, probes: list[dict], case_timeout: float) -> Conversation:
+    """Drive one learner's harness (harness.py): send the job, let the notebook's code run, then hand over one
+    probe at a time, each inside a memory window and a freeze of thread and process creation (the kernel refuses
+    them: Session.freeze), counting the learner's processes from outside before and after (a process the notebook
+    left running fails the case). Never blocks past the session's deadline."""
+    c = Conversation()
+    answered: dict[str, str] = {}          # nonce -> key of every probe already answered
+
+    def next_line(timeout, nonce=None):
+        """The next readable line that is not a reply to another probe (those are counted as unasked, and a second
+        reply to an answered probe spoils that probe's result); None at the end, False on time-out."""
+        end = time.monotonic() + timeout
+        while True:
+            raw = session.receive(max(end - time.monotonic(), 0))
+            if raw is None or raw is False:
+                return raw
+            r = _parse(raw)
+            if r is None:
+                c.dropped += 1
+            elif "probe" in r and (nonce is None or r["probe"] != nonce):
+                c.unasked += 1
+                if isinstance(r["probe"], str) and r["probe"] in answered:
+                    c.results[answered[r["probe"]]] = {"error": "this check's result was written twice: results "
+                                                                "were tampered with"}
+            else:
+                return r
+
+    if not session.send(job):
+        c.note = "the grading process did not start"
+        return c
+    hello = next_line(PROTOCOL_SECONDS)
+    if not (isinstance(hello, dict) and hello.get("setup") is True):
+        c.note = f"the grading process ended before your notebook ran {tail(session.stderr, 600).strip()[-300:]}"
+        return c
+    baseline = session.processes()
+    if not session.send({"go": True}):
+        c.note = "the grading process ended before your notebook ran"
+        return c
+    while True:
+        r = next_line(max(session.deadline - time.monotonic(), 0))
+        if r is None or r is False:
+            c.note = ("your notebook ran past its time limit" if r is False else "your notebook ended the grading "
+                      "process (exit, os._exit, a crash or running out of memory)") + ": no check ran"
+            return c
+        if "cell" in r:
+            if len(c.cell_errors) < 100:
+                c.cell_errors.append(r)
+        elif r.get("ready") is True:
+            break
+        else:
+            c.unasked += 1
+    for p in probes:
+        key = p["key"]
+        others = session.processes()
+        if others > baseline:
+            c.results[key] = {"error": _stray(others - baseline, before=True)}
+            continue
+        nonce = secrets.token_hex(8)
+        session.freeze(64 if p.get("spawns") else 0)
+        session.window_open()
+        sent = session.send({"probe": nonce, "task": p["task"], "case": p["case"]})
+        r = next_line(case_timeout + 15, nonce) if sent else None
+        growth = session.window_close()
+        session.thaw()
+        if growth is not None:
+            c.growth[key] = growth
+        if not isinstance(r, dict):
+            if r is False:
+                c.results[key] = {"error": f"this check ran past its time limit ({case_timeout:g} s)"}
+            c.note = (f"a check ran past its time limit ({case_timeout:g} s)" if r is False else
+                      "your code ended the grading process (exit, os._exit, a crash or running out of memory)") + \
+                ": the checks after it did not run"
+            return c
+        if r.get("probe") != nonce:                # a line of another kind where the reply was due
+            c.unasked += 1
+            r = {"error": "no result came back for this check"}
+        after = session.processes()
+        if after > baseline:
+            r = {"error": _stray(after - baseline, before=False)}
+        elif "error" in r and _REFUSED.search(str(r.get("error", ""))):
+            r = dict(r, error=str(r["error"])[:1500] + THREAD_HINT)
+        c.results[key] = r
+        answered[nonce] = key
+    session.send({"done": True})
+    session.wait(10)
+    while next_line(0.2) not in (None, False):    # anything still in the pipe after the last probe
+        c.unasked += 1
+    return c
+
+
+def _stray(processes: int, before: bool) -> str:
+    when = "before it started" if before else "after it returned"
+    return (f"this check failed: {processes} process(es) that your notebook started were still running {when}: the "
+            f"grader measures the work done in the thread that calls your function, so do all of it there (no "
+            f"threads, processes or pools)")
 
 
 def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sandbox | None = None,
@@ -264,70 +408,45 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         with CASES_LOCK:                   # case generators may use torch's global state
             cases = task.cases(hidden, rng(hidden))
         plan[gid] = (task.id, cases)
-        probes += [{"key": f"{gid}/{i}", "task": task.id, "case": c} for i, c in enumerate(cases)]
+        probes += [{"key": f"{gid}/{i}", "task": task.id, "case": c, "spawns": task.spawns}
+                   for i, c in enumerate(cases)]
     cells = code_to_run(template, learner)
-    job = {"module": exercise.module, "cells": cells, "probes": probes, "case_timeout": case_timeout}
-    graded = Graded(flags=tampering(cells))
+    job = {"module": exercise.module, "cells": cells, "case_timeout": case_timeout}
+    graded = Graded(flags=tampering(cells), protection=sandbox.describe())
     with tempfile.TemporaryDirectory(prefix="memlab-learner-") as tmp:
         job_dir = Path(tmp)
         work = sandbox.workdir(job_dir)
         n = "1"     # one thread, as the judge uses: the same summation order on both sides
         env = {"PYTHONPATH": str(stage), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
-               "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+               "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
         argv = [sys.executable, "-m", "autograder.harness"]
-        out = sandbox.run(argv, job_dir, [stage, *python_binds()], env, limits, channel=True,
-                          stdin=json.dumps(job).encode())
+        session = sandbox.start(argv, job_dir, [stage, *python_binds()], env, limits, masks=tuple(installed_graders()))
+        try:
+            talk = converse(session, job, probes, case_timeout)
+        finally:
+            out = session.finish()
         graded.seconds = out.seconds
-        graded.memory_peak, graded.memory_growth = out.memory_peak, out.memory_growth
-        results, cell_errors, dropped = read_channel(out.channel)
-        graded.cell_errors = [f"{e.get('where')}: {e.get('error')}"[:MAX_REASON_CHARS] for e in cell_errors][:20]
+        graded.memory_peak, graded.memory_growth = out.memory_peak, talk.growth
+        results = talk.results
+        graded.cell_errors = [f"{e.get('where')}: {e.get('error')}"[:MAX_REASON_CHARS] for e in talk.cell_errors][:20]
         notes = []
         if out.timed_out:
             notes.append(f"timed out after {limits.wall_s:g} s: checks that had not finished score 0")
-        elif out.returncode not in (0, None) and len(results) < len(probes):
-            notes.append(f"the grading process ended early (exit code {out.returncode}) "
-                         f"{tail(out.stderr, 600).strip()[-300:]}")
+        elif talk.note:
+            notes.append(talk.note)
+        dropped = talk.dropped + out.dropped
         if out.channel_truncated or dropped:
             notes.append(f"your notebook's results were too large or malformed ({dropped} line(s) unreadable"
                          + (f", more than {limits.channel_bytes} bytes in all" if out.channel_truncated else "")
                          + "): those checks score 0")
+        if talk.unasked:
+            graded.flags = sorted(set(graded.flags) | {
+                f"the grading channel: {talk.unasked} line(s) the grader did not ask for (forged results?)"})
         graded.note = "; ".join(notes) or None
     judge_in_process(exercise.module, plan, points, results, graded, budget, fit_cache)
     return graded
-
-
-def read_channel(data: bytes) -> tuple[dict[str, dict], list[dict], int]:
-    """The harness's lines: (key -> result line, cell errors, unreadable lines). A line that is too long, not
-    JSON, too deeply nested, or holds an integer too long to read is dropped and counted; a key written twice
-    is marked as tampered with."""
-    results: dict[str, dict] = {}
-    cells: list[dict] = []
-    dropped = 0
-    for raw in data.split(b"\n"):
-        if not raw.strip():
-            continue
-        if len(raw) > MAX_LINE_BYTES:
-            dropped += 1
-            continue
-        try:
-            r = json.loads(raw.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):          # ValueError covers JSONDecodeError and the int digits limit
-            dropped += 1
-            continue
-        if not isinstance(r, dict):
-            dropped += 1
-        elif isinstance(r.get("key"), str):
-            k = r["key"]
-            results[k] = {"error": "this check's result was written twice: results were tampered with"} \
-                if k in results else r
-        elif "cell" in r:
-            cells.append(r)
-        elif "window" in r:        # a memory window's opening or closing (sandbox.py), not a result
-            continue
-        else:
-            dropped += 1
-    return results, cells, dropped
 
 
 def judge_in_process(module: str, plan: dict, points: dict, results: dict, graded: Graded,
@@ -376,16 +495,19 @@ def _judge_child(conn, module: str, plan: dict, points: dict, results: dict, not
         os.environ["MEMLAB_FIT_CACHE"] = fit_cache
     import torch
     torch.set_num_threads(1)
-    checks = importlib.import_module(module)
-    tasks = checks.TASKS
+    tasks = importlib.import_module(module).TASKS
+    try:
+        judges = importlib.import_module(f"{module}.judge")
+    except ModuleNotFoundError:
+        judges = None
     graded = Graded(note=note)
     _judge_cases({gid: (tasks[tid], cases) for gid, (tid, cases) in plan.items()}, points, results, graded)
     flags = []
-    if memory_growth and hasattr(checks, "corroborate"):
+    if memory_growth and hasattr(judges, "corroborate"):
         runs = [(tid, case, results.get(f"{gid}/{i}", {}).get("value"), memory_growth.get(f"{gid}/{i}"))
                 for gid, (tid, cases) in plan.items() for i, case in enumerate(cases)]
         try:
-            flags = [str(f)[:MAX_REASON_CHARS] for f in checks.corroborate(runs)]
+            flags = [str(f)[:MAX_REASON_CHARS] for f in judges.corroborate(runs)]
         except Exception as e:      # a result too malformed to read was judged already; say so, do not stop
             flags = [f"corroboration could not read the results ({type(e).__name__})"]
     conn.send((graded.scores, graded.reasons, flags))

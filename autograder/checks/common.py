@@ -37,13 +37,42 @@ import memlab
 MAX_VALUE_CHARS = 4_000_000      # a probe's JSON result larger than this is refused
 
 
+class TrustedPart:
+    """A function of an exercise's trusted side (`cases.py`, `judge.py`), named by its module and attribute and
+    imported on first call. The learner's sandbox holds no trusted file (trusted.stage_course_code copies only the
+    learner side), so there the call fails with ModuleNotFoundError, while the grader and a learner's own kernel
+    (the notebook's test cells) import it from the course."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args, **kwargs):
+        import importlib
+        return getattr(importlib.import_module(self.module), self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
 @dataclass(frozen=True)
 class Task:
+    """One graded task. `cases` and `judge` belong to the trusted side: give them as the name of a function in the
+    exercise's `cases.py` / `judge.py` (imported only when called, so the learner side imports none of them) or as a
+    callable. `run` is the learner side (run.py). `spawns`: the check's own run starts processes (ranks), which
+    the grader then allows while it runs; any other case in which a thread or a process is started fails."""
     id: str                                            # "task3_1_loss_scaler": the TODO comment and grade_id prefix
     names: tuple[str, ...]                             # what the learner's notebook defines for this task
-    cases: Callable[[bool, random.Random], list]       # (hidden, rng) -> [case, ...], each plain data
+    cases: Callable[[bool, random.Random], list]       # (hidden, rng) -> [case, ...], each plain data   (trusted)
     run: Callable[..., Any]                            # (case, **learner_names) -> plain data   (learner's process)
     judge: Callable[[Any, Any], None]                  # (case, got) -> None, or raise AssertionError (trusted)
+    spawns: bool = False
+
+    def __post_init__(self):
+        package = getattr(self.run, "__module__", "").rpartition(".")[0]
+        for role in ("cases", "judge"):
+            v = getattr(self, role)
+            if isinstance(v, str):
+                object.__setattr__(self, role, TrustedPart(f"{package}.{role}", v))
 
 
 def tasks(*ts: Task) -> dict[str, Task]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..common import allclose, expect_type
-from .cases import softmax_input
+from .inputs import softmax_input
 from .refs import reference_bytes, reference_softmax
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .cases import DTYPES
+from .inputs import DTYPES
 
 
 def reference_bytes(case) -> int:

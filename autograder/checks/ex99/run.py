@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .cases import softmax_input
+from .inputs import softmax_input
 
 
 def bytes_run(case, storage_bytes):
