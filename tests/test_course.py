@@ -75,6 +75,127 @@ def test_pip_failure_names_what_to_do(monkeypatch, capsys):
         course._pip(["torch==0"], "pip could not install PyTorch: check the internet connection")
 
 
+# what pip 23 and uv 0.13 printed on this machine for each cause (abridged to the lines diagnose reads)
+PIP_CONFLICT = """ERROR: Cannot install nbconvert because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    beautifulsoup4 4.15.0 depends on soupsieve>=1.6.1
+    The user requested (constraint) soupsieve==4.1.3
+
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/
+"""
+PIP_NO_RELEASE = """ERROR: Ignored the following versions that require a different python version: 2.3.0 \
+Requires-Python >=3.11
+ERROR: Could not find a version that satisfies the requirement numpy==2.4.6 (from versions: 2.2.5, 2.2.6)
+ERROR: No matching distribution found for numpy==2.4.6
+"""
+UV_CONFLICT = """  x No solution found when resolving dependencies:
+  `-> Because the requested Python version (>=3.10) does not satisfy Python>=3.11 and numpy==2.4.6 depends on
+      Python>=3.11, we can conclude that numpy==2.4.6 cannot be used.
+"""
+PIP_OFFLINE = """WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError(...: \
+Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': /simple/numpy/
+ERROR: Could not find a version that satisfies the requirement numpy==2.4.6 (from versions: none)
+ERROR: No matching distribution found for numpy==2.4.6
+"""
+PIP_DISK = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
+
+
+@pytest.mark.parametrize("output, cause", [
+    (PIP_CONFLICT, "a version conflict, not the network: no set of versions fits together on Python 3.10.13"),
+    (PIP_NO_RELEASE, "a version conflict, not the network: no release of numpy==2.4.6 installs on Python 3.10.13 "
+                     "(releases that need another Python were skipped)"),
+    (UV_CONFLICT, "a version conflict, not the network"),
+    (PIP_OFFLINE, "the network failed"),
+    (PIP_DISK, "the disk is full"),
+    ("ERROR: something else entirely\n", None)])
+def test_an_install_failure_names_its_cause(output, cause):
+    said = course.diagnose(output, python="3.10.13")
+    if cause is None:
+        assert said is None
+    else:
+        assert said.startswith(cause) and "\n" not in said, said
+    if cause and "conflict" in cause:
+        assert "network" not in said.split("not the network")[1] and "COURSE_CONSTRAINTS=none" in said
+    if said and "conflict is caused" in output:
+        assert "The user requested (constraint) soupsieve==4.1.3" in said       # pip's own reason, quoted
+
+
+def test_the_installers_message_reaches_the_hint_and_the_terminal(monkeypatch, capsys):
+    """pip's stderr is shown as it comes and read for the cause: a conflict is not reported as the network."""
+    script = f"import sys; sys.stderr.write({PIP_CONFLICT!r}); raise SystemExit(1)"
+    monkeypatch.setattr(course, "installer", lambda: [sys.executable, "-c", script, "--"])
+    with pytest.raises(course.CourseError) as err:
+        course._pip(["x"], "check the internet connection", what="installing the course's packages")
+    assert str(err.value).startswith("installing the course's packages failed: a version conflict, not the network")
+    assert "internet" not in str(err.value)
+    assert "ResolutionImpossible" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", [(3, 9, 18), (3, 14, 0), (3, 8, 10)])
+def test_an_unsupported_python_is_refused_in_one_line(version):
+    said = course.python_refusal(version, command="start", which=lambda name: None)
+    assert said.startswith("GPU Memory Lab runs on Python 3.10, 3.11, 3.12 or 3.13; this is Python "
+                           + ".".join(map(str, version))) and "\n" not in said
+    found = course.python_refusal(version, command="test",
+                                  which=lambda n: f"/usr/bin/{n}" if n == "python3.12" else None)
+    assert "run `python3.12 course.py test`" in found
+    for ok in course.SUPPORTED:
+        assert course.python_refusal((*ok, 0)) is None
+
+
+def _old_python() -> str | None:
+    for exe in [shutil.which(f"python3.{m}") for m in (9, 8, 7)] + sorted(
+            str(p) for p in Path.home().glob(".pyenv/versions/3.[789].*/bin/python")):
+        if exe and subprocess.run([exe, "-c", "import sys; assert sys.version_info < (3, 10)"],
+                                  capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+def test_an_old_python_gets_the_refusal_before_anything_happens():
+    """The real thing: course.py run by Python 3.7-3.9 (where one is installed) prints the one line and stops; it
+    creates and downloads nothing (it does not get as far as .venv)."""
+    exe = _old_python()
+    if exe is None:
+        pytest.skip("no Python 3.7-3.9 on this machine")
+    out = subprocess.run([exe, str(ROOT / "course.py"), "start"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 1 and out.stdout == "", (out.stdout, out.stderr)
+    line, = out.stderr.splitlines()
+    assert line.startswith("course.py: GPU Memory Lab runs on Python 3.10, 3.11, 3.12 or 3.13; this is Python 3.")
+
+
+def test_the_installed_pytorch_is_named_with_its_build(monkeypatch):
+    import torch
+    monkeypatch.setattr(course, "PY", Path(sys.executable))
+    said = course.torch_report()
+    assert said.startswith(f"PyTorch {torch.__version__}, the ")
+    build = ("CUDA" if torch.version.cuda else "macOS" if sys.platform == "darwin" else "CPU-only")
+    assert build in said
+    monkeypatch.setattr(course, "PY", Path(sys.executable).parent / "no-such-python")
+    with pytest.raises((course.CourseError, OSError)):
+        course.torch_report()
+
+
+def test_fit_and_grade_run_the_courses_tools_from_any_folder(tmp_path, monkeypatch):
+    """`python3 course.py fit ...` and `grade ...` run .venv's memlab-fit and memlab-grade with the arguments as
+    given, in the folder where they were typed (no PATH needed)."""
+    calls = []
+    monkeypatch.setattr(course, "setup", lambda: calls.append("setup"))
+    monkeypatch.setattr(course.subprocess, "run",
+                        lambda cmd, **kw: calls.append((cmd, kw)) or subprocess.CompletedProcess(cmd, 3))
+    monkeypatch.chdir(tmp_path)
+    assert course.main(["fit", "llama-2-7b", "--gpu", "T4-16GB"]) == 3
+    assert course.main(["grade", "check", "my.ipynb"]) == 3
+    (fit, kw1), (grade, _) = calls[1], calls[3]
+    assert calls[0] == calls[2] == "setup"
+    assert fit == [str(course.BIN / "memlab-fit"), "llama-2-7b", "--gpu", "T4-16GB"] and "cwd" not in kw1
+    assert grade == [str(course.BIN / "memlab-grade"), "check", "my.ipynb"]
+    for tool in course.TOOLS.values():
+        assert f"{tool} = " in (ROOT / "pyproject.toml").read_text(), f"pyproject.toml installs no {tool} script"
+
+
 # ----------------------------------------------------------------------------- JupyterLab
 def test_running_as_root_adds_allow_root(monkeypatch):
     monkeypatch.setattr(course.os, "geteuid", lambda: 0, raising=False)
@@ -137,10 +258,16 @@ def test_learner_and_instructor_servers_differ_only_where_they_should(tmp_path):
     server_cfg = json.loads((cfg / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
     assert server_cfg == {name: False for name in course.NBGRADER_INSTRUCTOR_SERVER}
     lab_cfg = json.loads((cfg / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
-    assert "@jupyter/nbgrader:formgrader" in lab_cfg and "@jupyter/nbgrader:validate-assignment" not in lab_cfg
-    cmd, cwd, inst_env = course.server([], instructor=True, as_root=False, course_root=tmp_path, environ=env)
+    assert {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:validate-assignment"} <= set(lab_cfg)
+    assert "@jupyterlab/apputils-extension:announcements" in lab_cfg                  # no news pop-ups
+    icfg = course.write_instructor_config(tmp_path / "icfg")
+    cmd, cwd, inst_env = course.server([], instructor=True, as_root=False, course_root=tmp_path, environ=env,
+                                       instructor_config=icfg)
     assert cwd == tmp_path and f"--ServerApp.root_dir={tmp_path}" in cmd      # where nbgrader_config.py is
-    assert inst_env["JUPYTER_CONFIG_PATH"] == "/theirs"                       # nothing switched off
+    assert inst_env["JUPYTER_CONFIG_PATH"].split(os.pathsep) == [str(icfg), "/theirs"]
+    inst_lab = json.loads((icfg / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
+    assert list(inst_lab) == list(course.LAB_NEWS)                            # only the news: nbgrader all on
+    assert not (icfg / "jupyter_server_config.json").exists()
     assert course.INSTRUCTOR not in cmd
 
 
@@ -224,7 +351,8 @@ def test_formgrader_lists_a_class_run_and_learners_do_not_get_it(tmp_path):
     assert not res.failed and set(res.graded) == {"ada", "bob"}
     course.EXCHANGE.mkdir(parents=True, exist_ok=True)                  # as `start --instructor` does
 
-    srv = _Server(tmp_path, instructor=True, course_root=root)
+    srv = _Server(tmp_path, instructor=True, course_root=root,
+                  instructor_config=course.write_instructor_config(tmp_path / "ic"))
     try:
         srv.wait()
         status, body = srv.get(f"/formgrader/api/submissions/{A}")
@@ -245,6 +373,7 @@ def test_formgrader_lists_a_class_run_and_learners_do_not_get_it(tmp_path):
         assert status == 200 and [a["name"] for a in json.loads(body)] == [A]
         disabled = srv.page_config().get("disabledExtensions", [])
         assert not [p for p in disabled if p.startswith("@jupyter/nbgrader")], disabled
+        assert set(course.LAB_NEWS) <= set(disabled), disabled
     finally:
         srv.stop()
 
@@ -256,11 +385,11 @@ def test_formgrader_lists_a_class_run_and_learners_do_not_get_it(tmp_path):
         for path in ("/formgrader", "/formgrader/api/assignments", "/formgrader/manage_assignments"):
             assert srv.get(path)[0] == 404, f"a learner's server serves {path}"
         import nbgrader
-        status, body = srv.get(f"/nbgrader_version?version={nbgrader.__version__}")   # Validate's server side stays
-        assert status == 200 and json.loads(body)["success"], body[:500]
+        status, body = srv.get(f"/nbgrader_version?version={nbgrader.__version__}")   # Validate's server side too
+        assert status == 404, body[:500]
         disabled = srv.page_config().get("disabledExtensions", [])
-        assert set(course.NBGRADER_INSTRUCTOR_LAB) <= set(disabled), disabled
-        assert "@jupyter/nbgrader:validate-assignment" not in disabled
+        assert set(course.NBGRADER_INSTRUCTOR_LAB) | set(course.LAB_NEWS) <= set(disabled), disabled
+        assert "@jupyter/nbgrader:validate-assignment" in disabled
     finally:
         srv.stop()
 
@@ -472,38 +601,95 @@ def test_a_long_install_says_it_is_still_working(monkeypatch, capsys):
 
 def test_lock_keeps_pinned_lines_without_pytorch_or_local_installs():
     freeze = ("torch==2.13.0+cpu\nnvidia-cublas-cu12==12.4.5.8\ntriton==3.1.0\nZebra==1.0\n-e git+https://x#egg=y\n"
-              "gpu_memory_lab==0.1.0\nlocal @ file:///tmp/local\naccelerate==1.15.0\n# a comment\n")
+              "gpu_memory_lab==0.1.0\nlocal @ file:///tmp/local\naccelerate==1.15.0\ncuda-bindings==13.5.0\n"
+              "# a comment\n")
     assert course.lock_lines(freeze) == ["accelerate==1.15.0", "Zebra==1.0"]
 
 
+def _lock():
+    """constraints.txt as packaging Requirements: one exact pin each, a marker where it applies to some Pythons."""
+    from packaging.requirements import Requirement
+    reqs = [Requirement(line) for line in course.LOCK.read_text().splitlines() if line and not line.startswith("#")]
+    assert reqs and all(len(r.specifier) == 1 and next(iter(r.specifier)).operator == "==" for r in reqs), \
+        "constraints.txt holds name==version lines, each with an optional marker"
+    return reqs
+
+
+def _env(python: str, platform_tag: str = "x86_64-manylinux_2_28") -> dict[str, str]:
+    """The marker environment of CPython `python` (e.g. 3.10.0) on Linux x86-64, for packaging's Marker.evaluate."""
+    assert platform_tag == "x86_64-manylinux_2_28"
+    return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": python, "os_name": "posix",
+            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "platform_release": "", "platform_version": "", "implementation_version": python, "extra": ""}
+
+
 def test_the_lock_is_what_the_tests_run_with():
-    """constraints.txt names the versions installed here (course.py installs with it): a package upgraded by hand
-    without `course.py lock` shows up as a difference, so the lock never claims versions no test ran."""
+    """The lines of constraints.txt that apply to this Python name the versions installed here (course.py installs
+    with it): a package upgraded by hand without `course.py lock` shows up as a difference, so the lock never
+    claims versions no test ran."""
     from importlib.metadata import PackageNotFoundError, version
-    pins = [line.split("==") for line in course.LOCK.read_text().splitlines() if line and not line.startswith("#")]
-    assert pins and all(len(p) == 2 for p in pins), "constraints.txt holds name==version lines"
-    assert not any(n.lower().startswith(course.UNLOCKED) for n, _ in pins), "PyTorch is pinned by course.py"
+    reqs = _lock()
+    assert not any(r.name.lower().startswith(course.UNLOCKED) for r in reqs), "PyTorch is pinned by course.py"
+    here = [r for r in reqs if r.marker is None or r.marker.evaluate()]
+    names = [r.name.lower() for r in here]
+    assert len(names) == len(set(names)), "two lines of constraints.txt apply to the same package here"
     differ = []
-    for name, want in pins:
+    for r in here:
+        want = next(iter(r.specifier)).version
         try:
-            got = version(name)
+            got = version(r.name)
         except PackageNotFoundError:
             continue                       # a package of another platform's environment
         if got != want:
-            differ.append(f"{name}: installed {got}, locked {want}")
+            differ.append(f"{r.name}: installed {got}, locked {want}")
     assert not differ, "installed versions differ from constraints.txt (run python3 course.py lock after the " \
         "tests pass): " + "; ".join(differ[:10])
 
 
-def test_setup_installs_with_the_lock(monkeypatch, tmp_path):
+def test_the_lock_resolves_on_every_supported_python():
+    """What course.py installs, held to constraints.txt, resolves for the first release of every supported Python on
+    Linux x86-64 (uv reads the packages' metadata from the index; nothing is downloaded or installed), PyTorch's pin
+    included, and every package it resolves is pinned by a line for that Python (PyTorch's CUDA libraries aside)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from packaging.requirements import Requirement
+    try:
+        uv = course.uv_command()
+    except course.CourseError as e:
+        pytest.fail(str(e))
+    pythons = [f"{a}.{b}.0" for a, b in course.SUPPORTED]
+    with ThreadPoolExecutor(len(pythons)) as pool:
+        results = dict(zip(pythons, pool.map(lambda v: course.resolve(v, uv=uv), pythons)))
+    offline = [v for v, r in results.items() if r.returncode and course.diagnose(r.stderr, v) and
+               course.diagnose(r.stderr, v).startswith("the network")]
+    if offline and not os.environ.get("CI"):
+        pytest.skip(f"the package index cannot be reached: {results[offline[0]].stderr.strip()[-300:]}")
+    failed = {v: " ".join(r.stderr.split())[-800:] for v, r in results.items() if r.returncode}
+    assert not failed, f"constraints.txt does not resolve on Python {sorted(failed)}: {failed}"
+    lock = _lock()
+    for python, res in results.items():
+        got = {Requirement(ln).name.lower().replace("_", "-"): ln.split("==")[1].split(";")[0].strip()
+               for ln in res.stdout.splitlines() if "==" in ln and not ln.startswith("#")}
+        assert got.get("torch") == course.TORCH_PIN.split("==")[1], f"Python {python}: {course.TORCH_PIN} not resolved"
+        pinned = {r.name.lower().replace("_", "-").replace(".", "-") for r in lock
+                  if r.marker is None or r.marker.evaluate(_env(python))}
+        loose = sorted(n for n in got if n.replace(".", "-") not in pinned and not n.startswith(course.UNLOCKED))
+        assert not loose, f"Python {python}: constraints.txt pins no version of {loose} (run python3 course.py lock)"
+
+
+def test_setup_installs_with_the_lock(monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(course, "_pip", lambda args, hint, what="": calls.append(args))
     monkeypatch.setattr(course, "STAMP", tmp_path / "stamp")
     monkeypatch.setattr(course, "_has_pip", lambda: True)
     monkeypatch.setattr(course, "torch_choice", lambda: (["torch==2.13.0"], "test"))
+    monkeypatch.setattr(course, "torch_report", lambda: "PyTorch 2.13.0+cpu, the CPU-only build")
     monkeypatch.setattr(course, "_size", lambda p: 0)
     course.setup()
     assert calls[-1] == ["-e", ".[all]", "-c", str(course.LOCK)]
+    out = capsys.readouterr().out.splitlines()
+    step2 = [i for i, line in enumerate(out) if line.startswith("course.py: [2/3]")]
+    assert out[step2[-1]] == "course.py: [2/3] installed PyTorch 2.13.0+cpu, the CPU-only build", out
     monkeypatch.setenv("COURSE_CONSTRAINTS", "none")
     course.setup()                          # the key changed: installs again, unlocked
     assert calls[-1] == ["-e", ".[all]"]
