@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
-from autograder.checks.ex04.cases import CASES  # noqa: E402
+from autograder.checks.ex04.inputs import CASES  # noqa: E402
 from memlab import clinic  # noqa: E402
 from memlab.core.models import GPT, GPTConfig  # noqa: E402
 

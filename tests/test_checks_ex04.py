@@ -15,7 +15,8 @@ from memlab import clinic
 from _nb import grade_id, source_notebook
 from autograder.checks import ex04
 from autograder.checks.common import check
-from autograder.checks.ex04.cases import LEAK_PLANS, leak_cases, leak_scenario, max_batch_cases
+from autograder.checks.ex04.cases import leak_cases, max_batch_cases
+from autograder.checks.ex04.inputs import LEAK_PLANS, leak_scenario
 from autograder.checks.ex04.refs import reference_leak, reference_max_batch
 
 

@@ -13,18 +13,19 @@ References, all computed by the grader (refs.py, judged in judge.py):
   counting the result's storages.
 The guard lives in run.py. Off limits during the learner's calls: anything in memlab/hardware/hierarchy.py
 (detected), and `memlab.MemoryTracker` in task 0.4 (it raises).
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import _bw_cases, _cost_cases, _roof_cases, _storage_cases
-from .judge import _bw_judge, _cost_judge, _roof_judge, _storage_judge
 from .run import _bw_run, _cost_run, _roof_run, _storage_run
 
 TASKS = tasks(
-    Task("task0_1_op_cost", ("op_cost",), _cost_cases, _cost_run, _cost_judge),
-    Task("task0_2_roofline", ("roofline",), _roof_cases, _roof_run, _roof_judge),
-    Task("task0_3_copy_bandwidth", ("copy_bandwidth",), _bw_cases, _bw_run, _bw_judge),
-    Task("task0_4_new_storage_bytes", ("new_storage_bytes",), _storage_cases, _storage_run, _storage_judge),
+    Task("task0_1_op_cost", ("op_cost",), "_cost_cases", _cost_run, "_cost_judge"),
+    Task("task0_2_roofline", ("roofline",), "_roof_cases", _roof_run, "_roof_judge"),
+    Task("task0_3_copy_bandwidth", ("copy_bandwidth",), "_bw_cases", _bw_run, "_bw_judge"),
+    Task("task0_4_new_storage_bytes", ("new_storage_bytes",), "_storage_cases", _storage_run, "_storage_judge"),
 )

@@ -1,5 +1,5 @@
-"""Exercise 00's cases: what each task's inputs are drawn from, and the op sequences of task 0.4 that both
-sides rebuild from a case (the learner's process to call the learner's code, the judge for its reference)."""
+"""Exercise 00's cases (trusted side): what each task's inputs are drawn from, and the sizes and descriptions the
+judge shares with them. The op sequences of task 0.4 that both sides rebuild from a case are in inputs.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import math
 import torch
 
 from memlab.kit.ex00 import GPUS
+
+from .inputs import OPS
+# re-exported: moved to inputs.py, the tests still read them as cases.<name>
+from .inputs import _storage_fn, _storage_inputs, gpu_spec  # noqa: F401
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn")
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -54,11 +58,6 @@ def _cost_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task 0.2: the roofline
-def gpu_spec(case) -> dict:
-    """The GPU a roofline case runs on: a preset of memlab.kit.ex00.GPUS, or the case's own made-up spec."""
-    return case["spec"] if "spec" in case else GPUS[case["gpu"]]
-
-
 def _made_up_gpu(r) -> dict:
     """A GPU that is no preset (so no table of presets, no number copied from one, can stand in for reading the
     dict): its own bandwidth and peaks, and tensor-core peaks for a random part of the half dtypes, with fp16 and
@@ -110,9 +109,6 @@ def _roof_cases(hidden, r):
     ]
 
 
-KEYS = ("intensity", "peak", "ridge", "attainable", "bound", "time_s")
-
-
 # ----------------------------------------------------------------------------- task 0.3: copy bandwidth
 def _bw_cases(hidden, r):
     if not hidden:
@@ -123,63 +119,9 @@ def _bw_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task 0.4: new storage
-# Each op maps a tensor to a tensor (or a tuple, or a list); a case lists the ops, and fn applies them in order.
-def _chunk2(x):
-    return x.chunk(2, dim=0)
-
-
-def _split_list(x):
-    return list(x.clone().split(2, dim=0))                                # a list of views of one new storage
-
-
-OPS = {
-    "t": lambda x: x.transpose(-1, -2),                                   # view
-    "contiguous": lambda x: x.contiguous(),                               # copy only if not contiguous
-    "flatten": lambda x: x.reshape(-1),                                   # view if it can, copy if it must
-    "reshape_rows": lambda x: x.reshape(x.shape[0], -1),
-    "mul_": lambda x: x.mul_(2),                                          # in place
-    "add": lambda x: x + 1,                                               # a new tensor
-    "rows": lambda x: x[1:-1],                                            # basic slicing: view
-    "cols": lambda x: x[..., ::2],
-    "index": lambda x: x[[0, -1]],                                        # advanced indexing: copy
-    "expand": lambda x: x.unsqueeze(0).expand(3, *x.shape),               # view, stride 0
-    "clone": lambda x: x.clone(),
-    "channels_last": lambda x: x.contiguous(memory_format=torch.channels_last),
-    "to_self_dtype": lambda x: x.to(x.dtype),                             # no-op: returns x itself
-    "half": lambda x: x.half(),                                           # a dtype change is a copy
-    "detach": lambda x: x.detach(),
-    "chunk2": _chunk2,                                                    # a tuple of views
-    "clone_split_list": _split_list,                                      # a list
-}
-PAIR_OPS = {
-    "cat": lambda x, y: torch.cat([x, y]),
-    "add_": lambda x, y: x.add_(y),
-    "pair": lambda x, y: (x, y.t().contiguous()),
-    "pair_list": lambda x, y: [y, x.t().contiguous(), x],                 # a list: inputs and one new storage
-}
+# A case lists ops of OPS (inputs.py), each mapping a tensor to a tensor (or a tuple, or a list), applied in order.
 CHAIN_OPS = ("t", "contiguous", "flatten", "mul_", "add", "rows", "cols", "expand", "clone", "to_self_dtype",
              "detach", "reshape_rows")
-
-
-def _storage_inputs(case):
-    g = torch.Generator().manual_seed(case["seed"])
-    dtype = getattr(torch, case["dtype"])
-    xs = [torch.randn(*case["shape"], generator=g).to(dtype) for _ in range(case.get("inputs", 1))]
-    return xs
-
-
-def _storage_fn(case):
-    ops = case["ops"]
-    if case.get("inputs", 1) == 2:
-        def fn(x, y):
-            return PAIR_OPS[ops[0]](x, y)
-        return fn
-
-    def fn(x):
-        for name in ops:
-            x = OPS[name](x)
-        return x
-    return fn
 
 
 def _describe(case):

@@ -7,7 +7,8 @@ import math
 import torch
 
 from ..common import expect_int, expect_type, expected
-from .cases import ITEMSIZE, KEYS, _describe, _numel, gpu_spec
+from .cases import ITEMSIZE, _describe, _numel
+from .inputs import KEYS, gpu_spec
 from .refs import _cost, _new_storage_reference, _peak
 
 # ----------------------------------------------------------------------------- task 0.1: FLOPs and bytes

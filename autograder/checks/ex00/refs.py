@@ -7,7 +7,8 @@ import torch
 
 import memlab
 
-from .cases import ITEMSIZE, _describe, _numel, _storage_fn, _storage_inputs
+from .cases import ITEMSIZE, _describe, _numel
+from .inputs import _storage_fn, _storage_inputs
 
 
 def _cost(op: str, shapes: list[list[int]], dtype: str) -> tuple[int, int]:

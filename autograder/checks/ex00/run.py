@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import memlab
 
 from ..common import memlab_files, no_calls_into
-from .cases import KEYS, _storage_fn, _storage_inputs, gpu_spec
+from .inputs import KEYS, _storage_fn, _storage_inputs, gpu_spec
 
 _perf_counter, _perf_counter_ns, _sleep = time.perf_counter, time.perf_counter_ns, time.sleep  # bound at import
 

@@ -6,19 +6,20 @@ inside tasks 1.2-1.4) and returns what it saw as plain data; `judge` (judge.py) 
 reference in the grader (refs.py): byte bookkeeping for 1.1, memlab's tracker on a twin
 model for 1.2 and 1.4, the per-op saving rules for 1.3, and memlab's tracker on a
 real training step for 1.5.
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import _breakdown_cases, _estimate_cases, _live_cases, _phase_cases, _saved_cases
-from .judge import _breakdown_judge, _estimate_judge, _live_judge, _phase_judge, _saved_judge
 from .run import _breakdown_run, _estimate_run, _live_run, _phase_run, _saved_run
 
 TASKS = tasks(
-    Task("task1_1_live_bytes", ("LiveBytes",), _live_cases, _live_run, _live_judge),
-    Task("task1_2_profile_phases", ("profile_phases",), _phase_cases, _phase_run, _phase_judge),
-    Task("task1_3_saved_per_layer", ("saved_bytes_per_layer",), _saved_cases, _saved_run, _saved_judge),
-    Task("task1_4_category_breakdown", ("category_breakdown",), _breakdown_cases, _breakdown_run, _breakdown_judge),
-    Task("task1_5_estimate_peak", ("estimate_peak_bytes",), _estimate_cases, _estimate_run, _estimate_judge),
+    Task("task1_1_live_bytes", ("LiveBytes",), "_live_cases", _live_run, "_live_judge"),
+    Task("task1_2_profile_phases", ("profile_phases",), "_phase_cases", _phase_run, "_phase_judge"),
+    Task("task1_3_saved_per_layer", ("saved_bytes_per_layer",), "_saved_cases", _saved_run, "_saved_judge"),
+    Task("task1_4_category_breakdown", ("category_breakdown",), "_breakdown_cases", _breakdown_run, "_breakdown_judge"),
+    Task("task1_5_estimate_peak", ("estimate_peak_bytes",), "_estimate_cases", _estimate_run, "_estimate_judge"),
 )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..common import expect_int, mb
-from .cases import CATEGORY_KEYS, DTYPES, PHASES, _fingerprint, _phase_setup, _saved_setup
+from .cases import CATEGORY_KEYS, PHASES
+from .inputs import DTYPES, _fingerprint, _phase_setup, _saved_setup
 from .refs import measure_mlp_peak, reference_breakdown, reference_phase_peaks, reference_saved_per_layer
 
 # ----------------------------------------------------------------------------- plain-data helpers

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import memlab
 from memlab.core.estimate import mlp_activation_bytes
 
-from .cases import PHASES, _breakdown_setup
+from .cases import PHASES
+from .inputs import _breakdown_setup
 
 # ----------------------------------------------------------------------------- task1_2
 def reference_phase_peaks(model, optimizer, x, y) -> dict[str, int]:

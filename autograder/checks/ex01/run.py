@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..common import forbid_memlab_tracker
-from .cases import DTYPES, _breakdown_setup, _fingerprint, _phase_setup, _saved_setup
+from .inputs import DTYPES, _breakdown_setup, _fingerprint, _phase_setup, _saved_setup
 
 # ----------------------------------------------------------------------------- plain-data helpers
 def _as_int(v):

@@ -1,6 +1,6 @@
 """Checks for exercise 02, "Checkpointed models" (the contract: autograder/checks/common.py).
 
-What is graded is behaviour, on modules the checks own (cases.py):
+What is graded is behaviour, on modules the checks own (inputs.py):
   * `run` (run.py, the learner's process) runs the learner's module on stacks of counting
     blocks or memlab's GPT built from the case's seed, and returns the outputs,
     gradient fingerprints, each block's forward calls (counted inside forward(),
@@ -10,18 +10,19 @@ What is graded is behaviour, on modules the checks own (cases.py):
     autograd, and the peak of the scheme built by PyTorch's activation-checkpointing pass (refs.py), and
     compares; the planner's plan is judged under the notebook's cost model against
     brute force over every plan, or an exhaustive state search for the 40-layer chain.
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import _every_k_cases, _gpt_cases, _plan_cases, _sqrt_cases
-from .judge import _every_k_judge, _gpt_judge, _plan_judge, _sqrt_judge
 from .run import _every_k_run, _gpt_run, _plan_run, _sqrt_run
 
 TASKS = tasks(
-    Task("task2_1_checkpoint_every_k", ("CheckpointEveryK",), _every_k_cases, _every_k_run, _every_k_judge),
-    Task("task2_2_sqrt_segments", ("sqrt_segments", "SqrtCheckpointed"), _sqrt_cases, _sqrt_run, _sqrt_judge),
-    Task("task2_3_plan_checkpoints", ("plan_checkpoints",), _plan_cases, _plan_run, _plan_judge),
-    Task("task2_4_checkpointed_gpt", ("CheckpointedGPT",), _gpt_cases, _gpt_run, _gpt_judge),
+    Task("task2_1_checkpoint_every_k", ("CheckpointEveryK",), "_every_k_cases", _every_k_run, "_every_k_judge"),
+    Task("task2_2_sqrt_segments", ("sqrt_segments", "SqrtCheckpointed"), "_sqrt_cases", _sqrt_run, "_sqrt_judge"),
+    Task("task2_3_plan_checkpoints", ("plan_checkpoints",), "_plan_cases", _plan_run, "_plan_judge"),
+    Task("task2_4_checkpointed_gpt", ("CheckpointedGPT",), "_gpt_cases", _gpt_run, "_gpt_judge"),
 )

@@ -11,7 +11,8 @@ import torch.nn as nn
 from memlab.checkpointing import activation_peak
 
 from ..common import expect_int, expected, mb
-from .cases import CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train, fingerprint as _fingerprint
+from .inputs import (CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train,
+                     fingerprint as _fingerprint)
 from .refs import (RTOL, RefSegments, brute_force_plan, min_peak, plain_forward, plan_cost, plan_peak,
                    ref_checkpointed_gpt, ref_every_k, round_robin_segments, same, search_min_cost)
 

@@ -15,8 +15,8 @@ import torch.nn as nn
 from memlab.checkpointing import activation_peak
 from memlab.core.models import GPT, Block
 
-from .cases import (CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train,
-                    fingerprint as _fingerprint)
+from .inputs import (CountingBlock, _gpt_desc, _gpt_setup, _stack, _stack_desc, _step, _train,
+                     fingerprint as _fingerprint)
 
 PLANNER_SECONDS = 20
 

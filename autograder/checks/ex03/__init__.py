@@ -9,21 +9,23 @@
   GradScaler and compares losses, scales and the parameter updates.
 - task3_3_dtype_report: `judge` measures the same step with memlab.MemoryTracker, noting the dtype
   of each storage when an op creates it (refs.py), and compares with the learner's report.
-Plans and cases: cases.py; what runs in the learner's process: run.py; references: refs.py; judges: judge.py.
+Plans and cases: cases.py; the inputs both sides rebuild from a case: inputs.py; what runs in the learner's
+process: run.py; references: refs.py; judges: judge.py.
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import amp_cases, report_cases, scaler_cases
-from .judge import amp_judge, report_judge, scaler_judge
 from .run import amp_run, report_run, scaler_run
 
 __all__ = ["TASKS"]
 
 
 TASKS = tasks(
-    Task("task3_1_loss_scaler", ("DynamicLossScaler",), scaler_cases, scaler_run, scaler_judge),
-    Task("task3_2_amp_step", ("amp_step",), amp_cases, amp_run, amp_judge),
-    Task("task3_3_dtype_report", ("dtype_report",), report_cases, report_run, report_judge),
+    Task("task3_1_loss_scaler", ("DynamicLossScaler",), "scaler_cases", scaler_run, "scaler_judge"),
+    Task("task3_2_amp_step", ("amp_step",), "amp_cases", amp_run, "amp_judge"),
+    Task("task3_3_dtype_report", ("dtype_report",), "report_cases", report_run, "report_judge"),
 )

@@ -1,5 +1,5 @@
-"""Exercise 03's cases (plain data) and the inputs both sides rebuild from them. The plans of task3_1 are
-built with memlab.kit.ex03.make_plan, the format the notebook's driver (drive_scaler) reads.
+"""Exercise 03's cases (trusted side, plain data); the inputs both sides rebuild from them are in inputs.py. The
+plans of task3_1 are built with memlab.kit.ex03.make_plan, the format the notebook's driver (drive_scaler) reads.
 
 Hidden cases cover every branch of each task's spec in every run:
 - task3_1: two or three parameter groups in every hidden plan (a NaN injected into a later group, a -inf into
@@ -16,13 +16,9 @@ Hidden cases cover every branch of each task's spec in every run:
 
 from __future__ import annotations
 
-import torch
-
-import memlab
 from memlab.kit.ex03 import VISIBLE_PLAN, make_plan
 
 CATEGORY_KEYS = ("parameters", "gradients", "optimizer", "activations")
-DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 N_PARAMS = 6                      # MLP(depth=2): three Linear layers, weight and bias each
 
 
@@ -89,25 +85,6 @@ def amp_cases(hidden, r):
     ]
 
 
-def amp_setup(case):
-    """(model, optimizer, GradScaler, [[(x, y) per micro-batch] per step]) of a case."""
-    torch.manual_seed(case["seed"])
-    g = torch.Generator().manual_seed(case["seed"])
-    n, b = case["micro"], case["batch"]
-    if case["kind"] == "gpt":
-        model = memlab.GPT(memlab.GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
-        batches = [[(torch.randint(0, 64, (b, 16), generator=g), torch.randint(0, 64, (b, 16), generator=g))
-                    for _ in range(n)] for _ in range(case["steps"])]
-    else:
-        model = memlab.MLP(24, 48, 2, 6)
-        batches = [[(torch.randn(b, 24, generator=g), torch.randint(0, 6, (b,), generator=g)) for _ in range(n)]
-                   for _ in range(case["steps"])]
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=case["init_scale"], growth_interval=2,
-                                  enabled=case["dtype"] == "float16")
-    return model, opt, scaler, batches
-
-
 # ----------------------------------------------------------------------------- task3_3
 def _report(seed, *, kind="mlp", dims=(64, 128, 2, 10), batch=32, dtype="float16", model_dtype="float32",
             optimizer="adam"):
@@ -128,21 +105,3 @@ def report_cases(hidden, r):
         _report(s(), kind="gpt", batch=r.randint(1, 4), dtype=None, optimizer="adam"),
         _report(s(), kind="gpt", batch=r.randint(1, 4), dtype=r.choice(["float16", "bfloat16"]), optimizer="sgd"),
     ]
-
-
-def build_report_case(case):
-    torch.manual_seed(case["seed"])
-    g = torch.Generator().manual_seed(case["seed"])
-    mdt = DTYPES[case["model_dtype"]]
-    if case["kind"] == "gpt":
-        model = memlab.GPT(memlab.GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, vocab_size=64, block_size=16))
-        x = torch.randint(0, 64, (case["batch"], 16), generator=g)
-        y = torch.randint(0, 64, (case["batch"], 16), generator=g)
-    else:
-        model = memlab.MLP(*case["dims"])
-        x = torch.randn(case["batch"], case["dims"][0], generator=g).to(mdt)
-        y = torch.randint(0, case["dims"][3], (case["batch"],), generator=g)
-    model = model.to(mdt)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3) if case["optimizer"] == "adam" else \
-        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return model, opt, x, y

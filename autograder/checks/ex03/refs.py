@@ -16,7 +16,8 @@ from torch.utils._pytree import tree_flatten
 import memlab
 from memlab.kit.ex03 import summary
 
-from .cases import CATEGORY_KEYS, DTYPES, amp_setup, build_report_case
+from .cases import CATEGORY_KEYS
+from .inputs import DTYPES, amp_setup, build_report_case
 
 
 def _reference_step(case, model, params, opt, scaler, micro, dtype):

@@ -8,7 +8,7 @@ import torch
 import memlab
 from memlab.kit.ex03 import drive_scaler, summary
 
-from .cases import DTYPES, amp_setup, build_report_case
+from .inputs import DTYPES, amp_setup, build_report_case
 
 
 # ----------------------------------------------------------------------------- task3_1

@@ -21,25 +21,25 @@ Tasks 4.5 and 4.6, the two instruments:
 - task4_6_leak_detector: `run` builds a step that leaks in a known way (or not) and calls the learner's
   detector; `judge` rebuilds the same step and measures it with memlab.MemoryTracker.
 
-Cases and each task's spec (`CASES`, `HEADROOM`): cases.py; what runs in the learner's process: run.py;
-references: refs.py; judges: judge.py.
+Cases and the headroom (`HEADROOM`): cases.py; each script's spec (`CASES`) and the inputs both sides rebuild
+from a case: inputs.py; what runs in the learner's process: run.py; references: refs.py; judges: judge.py.
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import CASES, leak_cases, max_batch_cases, script_cases
-from .judge import leak_judge, max_batch_judge, script_judge
+from .inputs import CASES
 from .run import leak_run, max_batch_run, script_run
 
 __all__ = ["TASKS"]
 
 
 def _script_task(gid, task):
-    # the judge is built when first called, not at import: in the sandbox judge.py is a stub that refuses every call
-    def judge(case, got):
-        return script_judge(task)(case, got)
-    return Task(gid, (CASES[task].fixed_name,), script_cases(task), script_run(task), judge)
+    # cases.py and judge.py hold each script task's generator and judge by name: task4_1_cases, task4_1_judge ...
+    return Task(gid, (CASES[task].fixed_name,), f"{task}_cases", script_run(task), f"{task}_judge")
 
 
 TASKS = tasks(
@@ -47,6 +47,7 @@ TASKS = tasks(
     _script_task("task4_2_eval_no_grad", "task4_2"),
     _script_task("task4_3_accumulated_loss", "task4_3"),
     _script_task("task4_4_optimizer_step", "task4_4"),
-    Task("task4_5_find_max_batch_size", ("find_max_batch_size",), max_batch_cases, max_batch_run, max_batch_judge),
-    Task("task4_6_leak_detector", ("detect_leak",), leak_cases, leak_run, leak_judge),
+    Task("task4_5_find_max_batch_size", ("find_max_batch_size",), "max_batch_cases", max_batch_run,
+         "max_batch_judge"),
+    Task("task4_6_leak_detector", ("detect_leak",), "leak_cases", leak_run, "leak_judge"),
 )

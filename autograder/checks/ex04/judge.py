@@ -12,7 +12,8 @@ import memlab
 from memlab.clinic import MODELS, steady_peak
 
 from ..common import expect_type, mb
-from .cases import CASES, HEADROOM, Case, case_gpu
+from .cases import HEADROOM
+from .inputs import CASES, Case, case_gpu
 from .refs import reference_leak, reference_max_batch
 from .run import merged, project, run_tiny
 
@@ -178,6 +179,13 @@ def script_judge(task):
         else:
             _judge_tiny(c, case, got)
     return judge
+
+
+# each script task's judge by name (the package's __init__.py names them)
+task4_1_judge = script_judge("task4_1")
+task4_2_judge = script_judge("task4_2")
+task4_3_judge = script_judge("task4_3")
+task4_4_judge = script_judge("task4_4")
 
 
 # ----------------------------------------------------------------------------- task4_5

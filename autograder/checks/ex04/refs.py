@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import memlab
 
-from .cases import case_gpu, case_step, leak_scenario, step_bytes
+from .cases import step_bytes
+from .inputs import case_gpu, case_step, leak_scenario
 
 
 def reference_max_batch(case) -> int:

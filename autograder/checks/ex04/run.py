@@ -14,7 +14,7 @@ import memlab
 from memlab.clinic import StepRecorder
 from memlab.core.models import GPT, GPTConfig
 
-from .cases import CASES, Case, case_gpu, case_step, leak_scenario, tiny_data
+from .inputs import CASES, Case, case_gpu, case_step, leak_scenario, tiny_data
 
 K_PROJ = 32                      # random directions the gradients are projected on
 
