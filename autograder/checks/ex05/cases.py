@@ -1,4 +1,4 @@
-"""Exercise 05's cases (plain data) and the inputs both sides rebuild from them.
+"""Exercise 05's cases (trusted side, plain data); the inputs both sides rebuild from them are in inputs.py.
 
 - task5_1: rows whose max moves to a later block (the running sum must be rescaled), -inf entries, large
   scales, a last partial block, one block exactly, a block longer than the row; in every run rows far below
@@ -17,28 +17,11 @@ from __future__ import annotations
 
 import math
 
-import torch
+# re-exported: moved to inputs.py, the tests still read it as cases.<name>
+from .inputs import softmax_input  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- task 5.1: online softmax
-def softmax_input(case):
-    g = torch.Generator().manual_seed(case["seed"])
-    x = torch.randn(case["rows"], case["n"], generator=g) * case["scale"]
-    if case["neg_inf"]:
-        mask = torch.rand(case["rows"], case["n"], generator=g) < 0.3
-        mask[:, 0] = False                   # every row keeps at least one finite entry
-        x = x.masked_fill(mask, float("-inf"))
-    if case["rising"]:                       # the row max moves to a later block: the running sum must be rescaled
-        x = x + torch.linspace(0, 40, case["n"])
-    if case.get("shift"):                    # per-row offsets: far below exp's underflow, far apart from each other
-        x = x + torch.tensor(case["shift"], dtype=x.dtype)[:, None]
-    for row in case.get("inf_first", []):    # the row's whole first block is masked; a later entry stays finite
-        x[row, :case["block"]] = float("-inf")
-        if not torch.isfinite(x[row]).any():
-            x[row, -1] = 0.0
-    return x.to(getattr(torch, case.get("dtype", "float32")))
-
-
 def softmax_cases(hidden, r):
     if not hidden:
         return [{"seed": 0, "rows": 3, "n": 10, "block": 4, "scale": 1.0, "neg_inf": False, "rising": True},
@@ -78,22 +61,6 @@ def softmax_cases(hidden, r):
 
 
 # ----------------------------------------------------------------------------- task 5.2 and 5.3: attention
-def qkv(case, requires_grad=False):
-    """q, k, v of shape (*lead, T, d). For causal cases the later keys point along the queries' common
-    direction, so masked scores are far larger than visible ones: a mask applied after the tile's max fails."""
-    g = torch.Generator().manual_seed(case["seed"])
-    lead, tq, tk, d = case["lead"], case["tq"], case["tk"], case["d"]
-    q = torch.randn(*lead, tq, d, generator=g)
-    k = torch.randn(*lead, tk, d, generator=g)
-    v = torch.randn(*lead, tk, d, generator=g)
-    if case["causal"] and case.get("steep", True):
-        u = torch.randn(d, generator=g)
-        u = u / u.norm()
-        q = q * 0.3 + 3 * u
-        k = k * 0.3 + (3.0 * torch.arange(tk))[:, None] * u * math.sqrt(d)   # score of key j: about 9 j
-    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
-
-
 def largest_allowed(case, tile):
     """Elements of the largest tensor tiled attention needs: one (..., tile, tile) score tile, or a tensor of
     the size of q, k, v or the output (..., T, d). A strip of one query tile against all T_k keys is larger."""
@@ -142,7 +109,7 @@ def attn_cases(hidden, r):
 # sees this case's memory alone, not the notebook's. A tiled pass adds little to what the process already holds
 # (score tiles of LEAD x 256 x 256 x 4 B = 0.5 MiB, q, k, v and the output 0.25 MiB each); a pass that makes the
 # whole (LEAD, T, T) fp32 score matrix adds LARGE_SCORES bytes at least, however it hides that from the tracker
-# (`corroborate` in __init__.py). Only a few query rows come back (the whole output is more JSON than a result line
+# (`corroborate` in judge.py). Only a few query rows come back (the whole output is more JSON than a result line
 # may hold); the judge recomputes them.
 LARGE_T, LARGE_LEAD, LARGE_TILE = 4000, 2, 256      # 4000 = 15 tiles of 256 and a partial one
 LARGE_SCORES = LARGE_LEAD * LARGE_T * LARGE_T * 4          # 122 MiB
@@ -167,4 +134,3 @@ def flash_cases(hidden, r):
     growth = {"seed": r.randrange(2**31), "lead": [2], "tq": 128, "tk": 128, "d": 8, "tile": 16,
               "causal": False, "growth": True}
     return [dict(c, steep=False) for c in cases + [growth]]
-

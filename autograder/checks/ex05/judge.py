@@ -1,5 +1,6 @@
 """Exercise 05's judges: each compares what `run` returned with a naive reference computed here (refs.py)
-and raises AssertionError with a teaching message."""
+and raises AssertionError with a teaching message; and `corroborate`, which reads task 5.2's large case together
+with the memory the sandbox saw it take."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 import torch
 
 from ..common import allclose, expect_int, expect_type
-from .cases import largest_allowed, qkv, softmax_input
+from .cases import LARGE_FLAG_BYTES, LARGE_SCORES, largest_allowed
+from .inputs import qkv, softmax_input
 from .refs import naive_attention
 
 
@@ -150,3 +152,24 @@ def flash_judge(case, got):
                                 f"({case['tq']} -> {2 * case['tq']}): O(T) memory grows about 2x. Something of "
                                 f"size T_q x T_k is alive during the step")
 
+
+# ----------------------------------------------------------------------------- task 5.2's large case, from outside
+def corroborate(runs) -> list[str]:
+    """Task 5.2's large case seen from outside: the learner's process reported no tensor larger than a score
+    tile, yet while that case ran (its memory window, sandbox.py) the sandbox's memory rose by half the whole
+    (LEAD, T, T) fp32 score matrix or more. Then something held the scores where the tracker could not see them (a
+    dispatch mode switched off, work done outside torch): flag it for the instructor. `runs` holds (task id, case,
+    value, the case's memory growth in bytes or None) for every case. The grader looks for `corroborate` in the
+    package's judge.py (the trusted side)."""
+    MiB = 2**20
+    for tid, case, value, growth in runs:
+        if tid != "task5_2_tiled_attention" or not case.get("watched") or not isinstance(value, dict) \
+                or growth is None:
+            continue
+        largest = value.get("largest")
+        if isinstance(largest, int) and largest <= largest_allowed(case, case["tile"]) \
+                and growth >= LARGE_FLAG_BYTES:
+            return [f"task5_2_tiled_attention: while the large case ran, the sandbox's memory grew by "
+                    f"{growth / MiB:.0f} MiB, enough for much of its whole score matrix ({LARGE_SCORES / MiB:.0f} "
+                    f"MiB), while your code reported no tensor larger than a score tile"]
+    return []

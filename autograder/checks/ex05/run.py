@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import memlab
 
-from .cases import qkv, softmax_input
+from .inputs import qkv, softmax_input
 
 SOFTMAX_LIKE = {"softmax", "log_softmax", "logsumexp", "_softmax", "_log_softmax", "scaled_dot_product_attention",
                 "_scaled_dot_product_flash_attention_for_cpu", "_safe_softmax"}

@@ -11,19 +11,20 @@ to a least-loaded rank; `cases.not_largest_first`), on a hidden case with a floa
 that bytes and element counts order the tensors differently (`cases.sharded_cases`). Task 6.3's reference is
 the per-rank bytes term by term over the whole-tensor partition torch's ZeroRedundancyOptimizer computes
 (`refs.zero_partition_loads`, its `_partition_parameters` on meta tensors; `refs.reference_rank_bytes`).
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import dp_cases, mem_cases, sharded_cases
-from .judge import dp_judge, mem_judge, zero2_judge
 from .run import dp_run, mem_run
 
 TASKS = tasks(
-    Task("task6_1_sharded_optimizer", ("ShardedOptimizer",), sharded_cases, dp_run("task6_1_sharded_optimizer",
-                                                                            "ShardedOptimizer"), dp_judge),
-    Task("task6_2_reduce_scatter", ("ZeRO2Optimizer",), dp_cases, dp_run("task6_2_reduce_scatter", "ZeRO2Optimizer"),
-         zero2_judge),
-    Task("task6_3_rank_memory", ("rank_memory",), mem_cases, mem_run, mem_judge),
+    Task("task6_1_sharded_optimizer", ("ShardedOptimizer",), "sharded_cases",
+         dp_run("task6_1_sharded_optimizer", "ShardedOptimizer"), "dp_judge", spawns=True),
+    Task("task6_2_reduce_scatter", ("ZeRO2Optimizer",), "dp_cases", dp_run("task6_2_reduce_scatter", "ZeRO2Optimizer"),
+         "zero2_judge", spawns=True),
+    Task("task6_3_rank_memory", ("rank_memory",), "mem_cases", mem_run, "mem_judge"),
 )

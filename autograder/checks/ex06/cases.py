@@ -1,5 +1,5 @@
-"""Exercise 06's cases: optimizer runs on N ranks (tasks 6.1 and 6.2) and uneven tensor sizes (task 6.3), and
-the byte layouts task 6.3 names."""
+"""Exercise 06's cases (trusted side): optimizer runs on N ranks (tasks 6.1 and 6.2) and uneven tensor sizes
+(task 6.3), and the byte layouts task 6.3 names."""
 
 from __future__ import annotations
 

@@ -10,19 +10,20 @@ transformers Llama, on the CPU for tiny configs and on memlab.VirtualGPU for 7B-
 In the learner's process `run` makes the library shortcuts unusable for the learner's
 own call: bitsandbytes' quantization functions and peft's entry points raise, and any
 `bitsandbytes::` operator reaching the dispatcher is recorded and refused.
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import dq_cases_list, lora_cases, nf4_cases, qlora_cases
-from .judge import dq_judge, lora_judge, nf4_judge, qlora_judge
 from .run import dq_run, lora_run, nf4_run, qlora_run
 
 TASKS = tasks(
-    Task("task7_1_nf4_quantize", ("nf4_quantize", "nf4_dequantize"), nf4_cases, nf4_run, nf4_judge),
-    Task("task7_2_double_quant", ("double_quantize", "double_dequantize", "nf4_bits_per_param"), dq_cases_list,
-         dq_run, dq_judge),
-    Task("task7_3_lora_linear", ("LoRALinear",), lora_cases, lora_run, lora_judge),
-    Task("task7_4_qlora_memory", ("qlora_memory",), qlora_cases, qlora_run, qlora_judge),
+    Task("task7_1_nf4_quantize", ("nf4_quantize", "nf4_dequantize"), "nf4_cases", nf4_run, "nf4_judge"),
+    Task("task7_2_double_quant", ("double_quantize", "double_dequantize", "nf4_bits_per_param"), "dq_cases_list",
+         dq_run, "dq_judge"),
+    Task("task7_3_lora_linear", ("LoRALinear",), "lora_cases", lora_run, "lora_judge"),
+    Task("task7_4_qlora_memory", ("qlora_memory",), "qlora_cases", qlora_run, "qlora_judge"),
 )

@@ -9,7 +9,8 @@ import math
 import torch
 
 from ..common import allclose, expect_int, expect_type, expected
-from .cases import DQ_BLOCK, GLOBAL_STATE, absmax_input, base_linear, lora_tensors, nf4_input
+from .cases import GLOBAL_STATE
+from .inputs import DQ_BLOCK, absmax_input, base_linear, lora_tensors, nf4_input
 from .refs import bpp_reference, measured_activations, measured_states, peft_reference, states_closed_form
 
 

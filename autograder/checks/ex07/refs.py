@@ -34,7 +34,8 @@ import torch.utils.checkpoint
 
 import memlab
 
-from .cases import DQ_BLOCK, GLOBAL_STATE, NF4_BLOCK, base_linear, lora_tensors
+from .cases import GLOBAL_STATE
+from .inputs import DQ_BLOCK, NF4_BLOCK, base_linear, lora_tensors
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _STATES: dict = {}

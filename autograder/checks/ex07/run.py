@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..common import memlab_files, no_calls_into
-from .cases import DQ_BLOCK, absmax_input, base_linear, lora_tensors, nf4_input
+from .inputs import DQ_BLOCK, absmax_input, base_linear, lora_tensors, nf4_input
 
 _BNB_FUNCS = ("quantize_4bit", "dequantize_4bit", "quantize_nf4", "dequantize_nf4", "quantize_fp4",
               "dequantize_fp4", "quantize_blockwise", "dequantize_blockwise", "quantize", "dequantize")

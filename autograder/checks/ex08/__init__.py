@@ -20,17 +20,18 @@ tiny twins: memlab.kit.ex08; the grader's references: refs.py).
   LoRA beats QLoRA; full fine-tuning with ZeRO-Offload), batch, seq, headroom and rank drawn.
 Every result field is validated against the case before judging. memlab.fit and memlab.fit_search raise inside
 the learner's calls (task 8.3's `measure` runs memlab.fit for it).
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import plan_cases, state_cases, train_step_cases
-from .judge import plan_judge, state_judge, train_step_judge
 from .run import plan_run, state_run, train_step_run
 
 TASKS = tasks(
-    Task("task8_1_train_step", ("train_step",), train_step_cases, train_step_run, train_step_judge),
-    Task("task8_2_state_bytes", ("state_bytes",), state_cases, state_run, state_judge),
-    Task("task8_3_cheapest_plan", ("plan_for",), plan_cases, plan_run, plan_judge),
+    Task("task8_1_train_step", ("train_step",), "train_step_cases", train_step_run, "train_step_judge"),
+    Task("task8_2_state_bytes", ("state_bytes",), "state_cases", state_run, "state_judge"),
+    Task("task8_3_cheapest_plan", ("plan_for",), "plan_cases", plan_run, "plan_judge"),
 )

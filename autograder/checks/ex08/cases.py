@@ -1,17 +1,11 @@
-"""Exercise 08's cases: the rungs train_step runs on the tiny twins (task 8.1), the plans whose model states
-state_bytes predicts (task 8.2), and the hidden problem family plan_for meets (task 8.3)."""
+"""Exercise 08's cases (trusted side): the rungs train_step runs on the tiny twins (task 8.1), the plans whose
+model states state_bytes predicts (task 8.2), and the hidden problem family plan_for meets (task 8.3)."""
 
 from __future__ import annotations
-
-import math
-
-import torch
 
 from memlab.kit.ex08 import MODELS
 
 from ..common import torch_seed
-
-TINY_STEPS = 3             # three steps: the optimizer's state is in play
 
 
 # ----------------------------------------------------------------------------- task8_1: one case per rung
@@ -123,17 +117,3 @@ def plan_cases(hidden, r):
     kinds = list(FAMILY)
     r.shuffle(kinds)
     return [{"problem": draw_problem(k, r), "kind": k} for k in kinds]
-
-
-# ----------------------------------------------------------------------------- what a gradient is reduced to
-def project(tensors, seed: int, k: int = 32) -> list[float]:
-    """k projections of the concatenation of `tensors` on fixed random directions (float64)."""
-    out = torch.zeros(k, dtype=torch.float64)
-    for i, t in enumerate(tensors):
-        gen = torch.Generator().manual_seed(seed * 7919 + i)
-        out += torch.randn(k, t.numel(), generator=gen, dtype=torch.float64) @ t.detach().double().flatten()
-    return out.tolist()
-
-
-def norm(tensors) -> float:
-    return math.sqrt(sum(t.double().pow(2).sum().item() for t in tensors))

@@ -10,7 +10,7 @@ import torch
 from memlab.kit.ex08 import SMALL, SMALL_SEQ, build_tiny, n_micro, tiny_config, usable
 
 from ..common import expect_type, expected, mb
-from .cases import TINY_STEPS, norm, project
+from .inputs import TINY_STEPS, norm, project
 from .refs import fits, fitting_before, order_key, reference_memory_peak, reference_states, reference_tiny_run
 
 STATE_RTOL, STATE_ATOL = 0.03, 2**21      # model states: within 3% (+ 2 MiB: step counters, norms' fp32 states)

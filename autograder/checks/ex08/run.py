@@ -13,7 +13,7 @@ import memlab
 from memlab.checkpointing import ForwardCounter
 from memlab.kit.ex08 import build_tiny, decoder_layers, measurer, one_thread, plan_error, tiny_batch
 
-from .cases import TINY_STEPS, norm, project
+from .inputs import TINY_STEPS, norm, project
 
 _FIT = memlab.fit                 # the measuring function task 8.3 hands plan_for (bound before any patching)
 

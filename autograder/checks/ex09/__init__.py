@@ -12,18 +12,19 @@ CommCounter, ring accounting); the judge compares with the unsharded nn.Sequenti
 process, its gradients cut by the Shard placements of torch's ColwiseParallel / RowwiseParallel, and allows at
 most one all-reduce of the (B, T, d) output per forward (a reduce-scatter plus an all-gather of the same output
 sends the same bytes and passes). Task 9.3's reference walks each schedule's event order (refs.events).
+
+Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
+learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.
 """
 
 from __future__ import annotations
 
 from ..common import Task, tasks
-from .cases import pipe_cases, shard_cases, tp_cases
-from .judge import pipe_judge, shard_judge, tp_judge
 from .run import pipe_run, shard_run, tp_run
 
 TASKS = tasks(
-    Task("task9_1_shard_linear", ("column_parallel_linear", "row_parallel_linear"), shard_cases, shard_run,
-         shard_judge),
-    Task("task9_2_tp_mlp", ("tp_mlp_forward",), tp_cases, tp_run, tp_judge),
-    Task("task9_3_pipeline_memory", ("pipeline_activation_bytes",), pipe_cases, pipe_run, pipe_judge),
+    Task("task9_1_shard_linear", ("column_parallel_linear", "row_parallel_linear"), "shard_cases", shard_run,
+         "shard_judge"),
+    Task("task9_2_tp_mlp", ("tp_mlp_forward",), "tp_cases", tp_run, "tp_judge", spawns=True),
+    Task("task9_3_pipeline_memory", ("pipeline_activation_bytes",), "pipe_cases", pipe_run, "pipe_judge"),
 )

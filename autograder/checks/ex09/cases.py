@@ -1,4 +1,4 @@
-"""Exercise 09's cases: linear layers to shard (task 9.1), tensor-parallel MLP runs on four forked ranks
+"""Exercise 09's cases (trusted side): linear layers to shard (task 9.1), tensor-parallel MLP runs on four forked ranks
 (task 9.2) and pipeline schedules to weigh (task 9.3). Every hidden draw covers every branch of each spec."""
 
 from __future__ import annotations
