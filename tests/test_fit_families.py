@@ -59,7 +59,8 @@ def _reference(family, seq, method="full", checkpointing=False, dtype=torch.bflo
 def test_fit_equals_a_plain_step_of_each_family(family, method, checkpointing):
     seq = 64
     trk = _reference(family, seq, method, checkpointing)
-    r = memlab.fit(FAMILIES[family][0], 1, seq=seq, method=method, checkpointing="full" if checkpointing else "none")
+    r = memlab.fit(FAMILIES[family][0], 1, seq=seq, method=method, checkpointing="full" if checkpointing else "none",
+                   optimizer="adamw")                           # tests/_plain_step.py steps foreach AdamW
     gaps = {ph: r.by_phase[ph] - trk.phase_peaks[ph]["total"] for ph in ("forward", "backward", "step")}
     assert gaps == dict.fromkeys(gaps, 0), f"{family} {method}: fit - real per phase {gaps}"
     assert r.peak == trk.peak and r.by_category == trk.peak_breakdown
@@ -131,7 +132,7 @@ def test_experts_in_fp32_run_on_the_virtual_gpu_as_on_real_tensors():
     """aten._grouped_mm's meta kernel takes bf16 only; fp32 experts (precision fp32/amp, QLoRA's) used to crash the
     fake run. Now the virtual GPU's bytes equal a real fp32 CPU step of the tiny Mixtral (the CPU kernel takes fp32)."""
     trk = plain_step(TINY_MOE, 64, dtype=torch.float32)
-    r = memlab.fit(TINY_MOE, 1, seq=64, precision="fp32")
+    r = memlab.fit(TINY_MOE, 1, seq=64, precision="fp32", optimizer="adamw")
     assert r.peak == trk.peak and r.by_category == trk.peak_breakdown
     assert all(r.by_phase[ph] == trk.phase_peaks[ph]["total"] for ph in ("forward", "backward", "step"))
     for kw in (dict(method="qlora"), dict(method="lora", precision="amp")):

@@ -19,6 +19,7 @@ from ..quant.llama import give_storage, silence_libraries
 from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
 from ..core.virtual_gpu import cuda_autocast
+from .optimizers import AdamW8bitStandIn, make_optimizer  # noqa: F401  (their home: optimizers.py)
 from .architectures import (DECODER_DEPTH, HEAD_MODULES, KINDS, PEFT_TASK, TASKS, _get, _null,  # noqa: F401
                             build_causal_lm, build_model, cut_layers, decoder_layers, grouped_mm_any_dtype,
                             layer_stacks, model_depth, model_task, task_inputs, unpacked_sequences)
@@ -30,101 +31,10 @@ __all__ = ["AdamW8bitStandIn", "cut_layers", "fit_step", "layer_stacks", "model_
 # ----------------------------------------------------------------------------- the model's size and dtype
 
 
-
-
-
-
 def precision_dtype(precision: str) -> torch.dtype:
     """The dtype a plan's weights and activations are built in: fp32 for "fp32" and "amp" (autocast keeps
     fp32 weights), fp16 for "fp16", bf16 for the other 16-bit plans."""
     return {"fp32": torch.float32, "amp": torch.float32, "fp16": torch.float16}.get(precision, torch.bfloat16)
-
-
-
-# ----------------------------------------------------------------------------- 8-bit AdamW, bytes only
-class AdamW8bitStandIn(torch.optim.Optimizer):
-    """Holds exactly the state `bitsandbytes.optim.AdamW8bit` holds (bitsandbytes 0.50,
-    `Optimizer2State.init_state`), and updates nothing: for fake tensors, where bitsandbytes cannot run.
-
-    Per parameter tensor of n elements (n >= min_8bit_size = 4096): state1, state2 uint8 (n each) and
-    absmax1, absmax2 fp32 (ceil(n / 256) each), i.e. 2 n + 8 ceil(n / 256) bytes (Dettmers et al. 2022,
-    "8-bit Optimizers via Block-wise Quantization"); smaller tensors keep fp32 state1/state2 (8 n bytes).
-    The two 256-entry fp32 quantization maps (qmap1 "dynamic", qmap2 "udynamic") are made once and shared
-    by every tensor. `step` is a Python int. The real update is one fused kernel per tensor: no scratch.
-    """
-
-    def __init__(self, params, lr: float = 1e-3, min_8bit_size: int = 4096, blocksize: int = 256):
-        super().__init__(params, dict(lr=lr))
-        self.min_8bit_size, self.blocksize, self._qmaps = min_8bit_size, blocksize, None
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["step"] = 0
-                    if p.numel() < self.min_8bit_size:
-                        st["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                        st["state2"] = torch.zeros_like(p, dtype=torch.float32)
-                    else:
-                        if self._qmaps is None:
-                            self._qmaps = (torch.zeros(256, device=p.device), torch.zeros(256, device=p.device))
-                        blocks = -(-p.numel() // self.blocksize)
-                        st["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                        st["qmap1"] = self._qmaps[0]
-                        st["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-                        st["qmap2"] = self._qmaps[1]
-                        st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                        st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                st["step"] += 1
-        return None
-
-
-class _MasterWeights:
-    """precision="mixed": 16-bit weights and gradients in the model, an fp32 master copy that the optimizer
-    updates (Micikevicius et al. 2018; DeepSpeed's bf16/fp16 optimizer). At the step the 16-bit gradients
-    are copied to fp32 (all at once, as DeepSpeed's flat fp32 gradient partition), the inner optimizer
-    steps the masters, and the masters are copied back into the 16-bit weights."""
-
-    def __init__(self, params, make):
-        self.params = list(params)
-        self.masters = [torch.empty(p.shape, dtype=torch.float32) for p in self.params]
-        watch(tensors=self.masters, category="optimizer")
-        for m in self.masters:
-            m.requires_grad_(True)
-        self.inner = make(self.masters)
-
-    def step(self):
-        for m, p in zip(self.masters, self.params):
-            m.grad = p.grad.float() if p.grad is not None else None
-        self.inner.step()
-        # the fp32 gradient copies are the step's scratch (the optimizer's hook labelled them gradients)
-        watch(tensors=[m.grad for m in self.masters if m.grad is not None], category="temporaries")
-        for m, p in zip(self.masters, self.params):
-            m.grad = None
-            p.data.copy_(m.data)
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-
-def make_optimizer(params, optimizer: str, precision: str):
-    """torch AdamW (foreach=True, CUDA's default), plain SGD (foreach, no momentum: no state), or the
-    8-bit stand-in; wrapped in fp32 master weights for precision="mixed" (trainable 16-bit params only)."""
-    def make(ps):
-        if optimizer == "adamw":
-            return torch.optim.AdamW(ps, lr=1e-4, foreach=True)
-        if optimizer == "sgd":
-            return torch.optim.SGD(ps, lr=1e-3, foreach=True)
-        return AdamW8bitStandIn(ps, lr=1e-4)
-    params = list(params)
-    if precision == "mixed" and any(p.dtype != torch.float32 for p in params):
-        return _MasterWeights(params, make)
-    return make(params)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -159,22 +69,6 @@ def _linear_shape(m):
     if type(m).__name__ == "Conv1D":            # GPT-2: weight (in, out)
         return m.weight.shape[0], m.weight.shape[1], m.bias is not None
     return None
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
@@ -311,10 +205,6 @@ def fit_step(model, info: dict, plan) -> dict:
         except (AttributeError, KeyError) as e:      # a config without a field its model reads (T5's start token)
             raise ValueError(f"model: transformers could not run {model.config.model_type!r} from this config "
                              f"({type(e).__name__}: {e})") from None
-
-
-
-
 
 
 def _forward_loss(model, batch: dict, plan):
@@ -460,13 +350,5 @@ def chunked_causal_lm_loss(model, x, chunks: int = LOSS_CHUNKS):
         logits = head(hc).float()                                       # (B, T/chunks, V) fp32: one chunk only
         total = total + torch.nn.functional.cross_entropy(logits.flatten(0, 1), yc.flatten(), reduction="sum")
     return total / y.numel()
-
-
-
-
-
-
-
-
 
 

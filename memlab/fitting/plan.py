@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 
 from ..core.gpus import HEADROOM, resolve_gpu, usable_bytes
+from .optimizers import OPTIMIZER_NAMES, OPTIMIZERS, trainer_default
 from .config import CONFIG_DIR, check_config, fit_presets, load_config, read_config  # noqa: F401
 from ..core.track import CATEGORIES, format_bytes
 from ..core.validate import flag, is_int, number_in, one_of, pos_int
@@ -53,7 +54,7 @@ CUBLAS_WORKSPACE = 8_519_680
 CUBLASLT_WORKSPACE = 32 * MiB
 CHOICES = {"method": ("full", "lora", "qlora"), "precision": ("fp32", "amp", "bf16", "fp16", "mixed"),
            "qlora_rest": ("fp32", "16bit"), "loss": ("full", "chunked"),
-           "optimizer": ("adamw", "adamw8bit", "sgd"), "checkpointing": ("none", "full", "selective"),
+           "optimizer": OPTIMIZERS, "checkpointing": ("none", "full", "selective"),
            "zero": (0, 1, 2, 3), "mode": ("train", "inference"), "attention": ("sdpa", "eager")}
 
 
@@ -96,9 +97,13 @@ class Plan:
         if self.activation_offload and self.mode != "train":
             raise ValueError("activation_offload=True offloads what the forward saves for the backward: mode 'train' "
                              "only")
-        if self.paged and (self.optimizer == "sgd" or self.offload):
-            raise ValueError("paged=True pages the optimizer's state: it needs optimizer 'adamw' or 'adamw8bit' "
-                             "and no offload (which already keeps the state on the host)")
+        if self.paged and (not self.optimizer.startswith(("adamw", "paged_")) or self.offload):
+            raise ValueError("paged=True pages the optimizer's state: it needs an AdamW optimizer ('adamw', "
+                             "'adamw_fused', 'adamw_forloop', 'adamw8bit', 'paged_adamw8bit') and no offload "
+                             "(which already keeps the state on the host)")
+        if self.offload and self.optimizer not in ("adamw", "adamw_fused", "adamw_forloop"):
+            raise ValueError(f"offload=True runs DeepSpeed's CPU Adam on the host (ZeRO-Offload), which takes no "
+                             f"optimizer {self.optimizer!r}: use 'adamw', 'adamw_fused' or 'adamw_forloop'")
         if self.step_in_backward and (self.steps_per_batch > 1 or self.zero or self.offload or self.mode != "train"):
             raise ValueError("step_in_backward=True needs one micro-batch per step (no gradient accumulation), "
                              "zero=0, no offload and mode='train': each gradient is applied and freed at once")
@@ -110,6 +115,11 @@ class Plan:
             raise ValueError("precision='mixed' is for full fine-tuning; with method='qlora' use 'bf16' "
                              "(4-bit base, bf16 compute, fp32 adapters) or 'fp32'")
         return self
+
+    @property
+    def paged_state(self) -> bool:
+        """The optimizer's state is paged (paged=True, or the paged 8-bit AdamW)."""
+        return self.paged or self.optimizer == "paged_adamw8bit"
 
     @property
     def micro(self) -> int:
@@ -181,7 +191,7 @@ class FitResult:
         lines = [f"{self.model} on {self.gpu}: {verdict}: needs {format_bytes(self.needed)} of "
                  f"{format_bytes(self.usable)} usable ({format_bytes(self.capacity)} x (1 - {h:.2f} headroom))",
                  f"  {p['mode']}, {p['method']}, {p['precision']}"
-                 f"{', ' + p['optimizer'] + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"
+                 f"{', ' + OPTIMIZER_NAMES.get(p['optimizer'], p['optimizer']) + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"  # noqa: E501
                  f", batch {p['batch']}"
                  f"{' (micro-batch ' + str(p['micro_batch']) + ')' if p['micro_batch'] else ''} x seq {p['seq']}"
                  f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}"
@@ -258,7 +268,7 @@ def auto_precision(gpu) -> str:
 
 
 def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "full", precision: str = "auto",
-        optimizer: str = "adamw", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
+        optimizer: str = "auto", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
         qlora_rest: str = "fp32", loss: str = "full", step_in_backward: bool = False, paged: bool = False,
         activation_offload: bool = False, headroom: float = HEADROOM, context: int | None = None) -> FitResult:
@@ -276,7 +286,11 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
                 (bf16 weights and gradients + an fp32 master copy the optimizer updates; 16 bytes/param with
                 Adam, the ZeRO paper's 2 + 2 + 12) | "auto" (the default: "bf16" on a GPU with bf16 tensor
                 cores, "fp16" on one without). For lora/qlora it is the base's dtype; adapters stay fp32.
-    optimizer   "adamw" (torch, foreach) | "adamw8bit" (bitsandbytes' layout) | "sgd" (no momentum)
+    optimizer   the optimizer as run, each with its own state and step scratch (`memlab.fitting.optimizers`):
+                "adamw" (torch, foreach: torch's default on CUDA) | "adamw_fused" | "adamw_forloop" | "sgd" (no
+                momentum) | "sgd_momentum" | "adafactor" (transformers', as the HF Trainer makes it) | "adamw8bit"
+                | "paged_adamw8bit" (bitsandbytes) | "auto" (the default: what the Hugging Face Trainer picks on the
+                installed torch, "adamw_fused" from torch 2.8 on)
     checkpointing "none" | "full" (every decoder layer) | "selective" (matmul outputs kept, the rest of
                 each layer recomputed: `memlab.fit_model.selective_policy`)
     zero, gpus  ZeRO stage 0-3 on `gpus` data-parallel ranks: per-rank bytes (`memlab.fit_run.shard_phases`)
@@ -313,6 +327,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     """
     t0 = time.perf_counter()
     precision = auto_precision(gpu) if precision == "auto" else precision
+    optimizer = trainer_default() if optimizer == "auto" else optimizer
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
                 attention, lora_r, qlora_rest, loss, step_in_backward, paged, activation_offload).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
@@ -330,7 +345,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     phases = shard_phases(m["phases"], info, plan)
     phases.pop("idle", None)          # before "load" and after the step: below the peak of those phases
     paged = 0
-    if plan.paged:   # the measured optimizer state lives in unified memory: the driver evicts it under pressure
+    if plan.paged_state:   # the measured optimizer state lives in unified memory: the driver evicts it under pressure
         paged = max(d.get("optimizer", 0) for d in phases.values())
         for d in phases.values():
             d["total"] -= d.get("optimizer", 0)

@@ -98,8 +98,10 @@ def _disk_write(key, out: dict) -> None:
 def _run_key(plan):
     """The options that change what runs (ZeRO, gpus and offload are computed on top of a run)."""
     micro = plan.micro if plan.mode == "train" else plan.batch
+    from .optimizers import run_as
     return replace(plan, batch=micro * min(2, plan.steps_per_batch), micro_batch=micro, zero=0, gpus=1,
-                   offload=False, paged=False, checkpointing=plan.checkpointing if plan.mode == "train" else "none")
+                   offload=False, paged=False, checkpointing=plan.checkpointing if plan.mode == "train" else "none",
+                   optimizer=run_as(plan.optimizer) if plan.mode == "train" else "adamw")
 
 
 def _extend(a: dict, b: dict, layers: int) -> dict:
@@ -160,6 +162,8 @@ def measure(config, plan) -> dict:
     from ..core.virtual_gpu import VirtualGPU
     cfg = load_config(config)
     rp = key[1]
+    if rp.optimizer == "adafactor":     # imported here, not inside the run: importing it makes module-level tensors
+        import transformers.optimization  # noqa: F401
     L = model_depth(cfg)
     gpu = VirtualGPU(capacity_gb=2**20)
     runs = []
