@@ -18,7 +18,7 @@ import torch.nn as nn
 from ..quant.llama import give_storage, silence_libraries
 from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
-from ..core.virtual_gpu import cuda_autocast
+from ..core.virtual_gpu import _CudaAutocastLists, cuda_autocast
 from .optimizers import AdamW8bitStandIn, make_optimizer  # noqa: F401  (their home: optimizers.py)
 from .architectures import (DECODER_DEPTH, HEAD_MODULES, KINDS, PEFT_TASK, TASKS, _get, _null,  # noqa: F401
                             build_causal_lm, build_model, cut_layers, decoder_layers, grouped_mm_any_dtype,
@@ -139,7 +139,36 @@ def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest: torch.dtype = torch.float32):
+class _Both:
+    """Two context managers entered as one (the first outside)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __enter__(self):
+        self.a.__enter__()
+        self.b.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.b.__exit__(*exc)
+        return self.a.__exit__(*exc)
+
+
+def _amp_recompute(context_fn=None):
+    """checkpoint's context_fn for precision "amp": the recomputation in the backward runs under CPU autocast, which
+    checkpoint restores, but not under the virtual GPU's CUDA op lists (a torch-function mode, which the autograd
+    engine does not carry into the backward); without them ops on CUDA's fp32 list (pow in GPT-2's GELU, softmax in
+    eager attention) recompute in bf16 where the forward ran them in fp32, and checkpoint raises CheckpointError.
+    This puts the lists around the recomputation (and keeps selective checkpointing's own contexts)."""
+    def contexts():
+        fwd, rec = context_fn() if context_fn is not None else (_null(), _null())
+        return fwd, _Both(rec, _CudaAutocastLists(torch.bfloat16))
+    return contexts
+
+
+def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest: torch.dtype = torch.float32,
+                amp: bool = False):
     """Give a `skeleton` storage on the current default device (fake inside VirtualGPU.run): trainable
     parameters in `dtype` (full) or fp32 adapters (and, for a classifier, peft's trainable copy of its head in
     `dtype`), frozen ones in `dtype` (`rest` outside the 4-bit layers for qlora: fp32 by default); checkpointing
@@ -160,6 +189,8 @@ def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest
         if checkpointing == "selective":
             from torch.utils.checkpoint import create_selective_checkpoint_contexts
             kw["context_fn"] = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+        if amp:
+            kw["context_fn"] = _amp_recompute(kw.get("context_fn"))
         base = _base(model)
         if not getattr(base, "supports_gradient_checkpointing", False):
             raise ValueError(f"checkpointing: {base.config.model_type!r} ({type(base).__name__}) does not support "
@@ -238,7 +269,8 @@ def _fit_step(model, info: dict, plan) -> dict:
     info = dict(info)
     with phase("load"):
         rest = torch.float32 if getattr(plan, "qlora_rest", "fp32") == "fp32" else dtype
-        model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none", rest)
+        model = materialise(model, plan.method, dtype, plan.checkpointing if plan.mode == "train" else "none", rest,
+                            amp=plan.precision == "amp")
         info.update(_sizes(model))
     autocast = cuda_autocast(torch.bfloat16) if plan.precision == "amp" else None
     if plan.mode == "inference":
