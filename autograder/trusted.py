@@ -164,10 +164,16 @@ TAMPERING = (
     (re.compile(r"\bsys\.(setprofile|settrace)\b|\bthreading\.setprofile\b"), "replaces the profiler hooks"),
     (re.compile(r"\bctypes\b|\bcffi\b"), "calls C directly (ctypes)"),
     (re.compile(r"\bgc\.(get_objects|get_referrers|get_referents)\b"), "walks the garbage collector's objects"),
-    (re.compile(r"/proc/self|MEMLAB_(CHANNEL|ACK)|\bos\.(write|read|dup2?|fdopen|open)\s*\("),
+    (re.compile(r"/proc/self|MEMLAB_(CHANNEL|ACK|REQUEST|REPLY)|\bos\.(write|read|dup2?|fdopen|open)\s*\("),
      "uses file descriptors directly"),
+    (re.compile(r"/proc/(?!self)|\bos\.getppid\b|\bpsutil\b"), "looks at other processes (/proc)"),
     (re.compile(r"\bautograder\b"), "reaches into the grader's modules"),
-    (re.compile(r"__globals__|__code__|__closure__|\bfunc_globals\b"), "rewrites functions' code or globals"),
+    (re.compile(r"__globals__|__code__|__closure__|\bfunc_globals\b|cell_contents"),
+     "rewrites functions' code or globals"),
+    (re.compile(r"\b_getframe\b|\bf_back\b|\bf_locals\b|\bf_globals\b|\btb_frame\b|\bgi_frame\b|"
+                r"\b_current_frames\b|\binspect\.(stack|currentframe|getouterframes)\b"),
+     "walks the call stack (the grader's frames)"),
+    (re.compile(r"\baddaudithook\b|\bsys\.monitoring\b"), "installs interpreter hooks"),
     (re.compile(r"\b(setattr|delattr)\s*\(\s*(memlab|torch|autograder|sys|builtins)\b"),
      "patches a library or builtins"),
 )

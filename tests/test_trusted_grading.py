@@ -35,6 +35,88 @@ SOFTMAX = '''def row_softmax(x):
     z = x - x.max(dim=-1, keepdim=True).values
     return z.exp() / z.exp().sum(dim=-1, keepdim=True)'''
 FULL = 6.0
+# learners who do the work where the grader's in-process recorders cannot see it (another thread, another process)
+THREADED_STORAGE = STORAGE.replace("def storage_bytes", "def _sb") + """
+import threading
+def storage_bytes(s, d):
+    out = []
+    t = threading.Thread(target=lambda: out.append(_sb(s, d)))
+    t.start()
+    t.join()
+    return out[0]"""
+THREADED_SOFTMAX = SOFTMAX.replace("def row_softmax", "def _rs") + """
+import threading
+def row_softmax(x):
+    out = []
+    t = threading.Thread(target=lambda: out.append(_rs(x)))
+    t.start()
+    t.join()
+    return out[0]"""
+WAITING_THREAD = """import threading, queue
+jobs, done = queue.Queue(), queue.Queue()
+def worker():
+    while True:
+        f, a = jobs.get()
+        done.put(f(*a))
+threading.Thread(target=worker, daemon=True).start()
+def ask(f, *a):
+    jobs.put((f, a))
+    return done.get()"""
+RAW_THREAD = """import _thread, queue
+def in_raw_thread(f, *a):
+    q = queue.Queue()
+    _thread.start_new_thread(lambda: q.put(f(*a)), ())
+    return q.get()"""
+FORKED = """import os, pickle
+def in_child(f, *a):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.write(w, pickle.dumps(f(*a)))
+        os._exit(0)
+    os.close(w)
+    data = b''
+    while chunk := os.read(r, 65536):
+        data += chunk
+    return pickle.loads(data)"""
+# writes a reply of its own for the probe it is given, through the harness's frames, then answers honestly
+FORGED_REPLY = """import sys, json
+def forge(value):
+    f = sys._getframe()
+    while f is not None and 'reply' not in f.f_locals:
+        f = f.f_back
+    if f is not None:
+        f.f_locals['reply'](json.dumps({'probe': f.f_locals['probe']['probe'], 'value': value}))"""
+# looks everywhere it can read for the trusted side of the checks (a judge, a reference, the case generator)
+FIND_TRUSTED = """import glob, os, sys, zipfile
+found = []
+roots = {p for p in sys.path if p} | {'/', '/usr', '/opt', '/tmp', '/home', '/root', '/srv', '/autograder', '/work',
+                                       '/mnt', '/var', os.getcwd()}
+for root in sorted(roots):
+    for depth in range(5):
+        pattern = os.path.join(root, *['*'] * depth)
+        found += glob.glob(os.path.join(pattern, 'checks', 'ex*', '*.py'))
+        for w in glob.glob(os.path.join(pattern, '*.whl')) + glob.glob(os.path.join(pattern, '*.zip')):
+            try:
+                if any('autograder/checks/ex' in n for n in zipfile.ZipFile(w).namelist()):
+                    found.append(w)
+            except Exception:
+                pass
+found = [p for p in found if os.path.basename(p) in ('judge.py', 'refs.py', 'cases.py') or p.endswith(('.whl', '.zip'))]
+raise RuntimeError(f'TRUSTED SIDE FOUND: {sorted(set(found))[:5]}')"""
+# rewrites the grader's judge where another process's folder shows it (/proc/<pid>/cwd, /proc/<pid>/root)
+REWRITE_THROUGH_PROC = """import os
+for pid in os.listdir('/proc'):
+    for link in ('cwd', 'root'):
+        try:
+            base = os.readlink(f'/proc/{pid}/{link}')
+        except OSError:
+            continue
+        for rel in ('autograder/checks/ex99/judge.py', 'source/autograder/checks/ex99/judge.py'):
+            try:
+                with open(os.path.join(base, rel), 'a') as f:
+                    f.write('\\ndef bytes_judge(case, got):\\n    return None\\n')
+            except OSError:
+                pass"""
 
 
 def drill_course(tmp: Path) -> grade.Course:
@@ -216,6 +298,31 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
         "colab_nbformat5": (make(course, edit=colab_v5), FULL),
         "half_done": (make(course, softmax=None), 3),
         "malformed_json": ("{ \"cells\": [ this is not json", None),
+        # -- escaping the in-process recorders: a thread or a process does the work
+        "thread_does_the_work": (make(course, THREADED_STORAGE, THREADED_SOFTMAX), 0),
+        "waiting_thread": (make(course, WAITING_THREAD + "\n" + STORAGE.replace("def storage_bytes", "def _sb")
+                                + "\ndef storage_bytes(s, d):\n    return ask(_sb, s, d)",
+                                SOFTMAX.replace("def row_softmax", "def _rs") + "\ndef row_softmax(x):\n"
+                                "    return ask(_rs, x)"), 0),
+        "raw_thread": (make(course, RAW_THREAD + "\n" + STORAGE.replace("def storage_bytes", "def _sb")
+                            + "\ndef storage_bytes(s, d):\n    return in_raw_thread(_sb, s, d)",
+                            SOFTMAX.replace("def row_softmax", "def _rs")
+                            + "\ndef row_softmax(x):\n    return in_raw_thread(_rs, x)"), 0),
+        "process_does_the_work": (make(course, FORKED + "\n" + STORAGE.replace("def storage_bytes", "def _sb")
+                                       + "\ndef storage_bytes(s, d):\n    return in_child(_sb, s, d)",
+                                       SOFTMAX.replace("def row_softmax", "def _rs")
+                                       + "\ndef row_softmax(x):\n    return torch.tensor(in_child("
+                                       "lambda x: _rs(x).tolist(), x))"), 0),
+        "left_a_process": (make(course, extra_before="import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+                                                      "'import time; time.sleep(60)'])"), 0),
+        # -- the harness's frames, its channel and the trusted side
+        "forged_reply": (make(course, FORGED_REPLY + "\n" + STORAGE.replace("def storage_bytes", "def _sb")
+                              + "\ndef storage_bytes(s, d):\n    forge(0)\n    return _sb(s, d)",
+                              SOFTMAX.replace("def row_softmax", "def _rs")
+                              + "\ndef row_softmax(x):\n    forge([[0.0]])\n    return _rs(x)"), 0),
+        "looks_for_references": (make(course, extra_before=FIND_TRUSTED), FULL),
+        "rewrites_judge_through_proc": (make(course, REWRITE_THROUGH_PROC + "\ndef storage_bytes(s, d):\n"
+                                                                            "    return 0", None), 0),
     }
 
 
@@ -276,6 +383,11 @@ def every_submission_scores_what_it_earned(corpus_run):
     assert "newline" not in res.graded and "linker" not in res.graded
     for sid in ("endless", "detached"):
         assert "timed out" in res.notes.get(sid, ""), (sid, res.notes.get(sid))
+    for sid in ("thread_does_the_work", "waiting_thread", "raw_thread"):
+        why = " ".join(res.reasons.get(sid, {}).values())
+        assert "thread" in why and "calls your function" in why, (sid, res.reasons.get(sid))
+    for sid in ("process_does_the_work", "left_a_process"):
+        assert "process" in " ".join(res.reasons.get(sid, {}).values()), (sid, res.reasons.get(sid))
 
 
 def the_run_ends_within_its_limits(corpus_run):
@@ -303,13 +415,24 @@ def nothing_outside_the_attackers_rows_changed(corpus_run):
     assert by_sid["honest"] == "honest,99_drill,3,3,6,6,", by_sid["honest"]      # the last column: no flags
     assert rows[0].endswith(",score,max_score,flags"), rows[0]
     for sid, what in (("forged_channel", "uses file descriptors directly"), ("calls_references", "grader's modules"),
-                      ("patch_checks", "grader's modules")):
+                      ("patch_checks", "grader's modules"), ("forged_reply", "did not ask for"),
+                      ("forged_reply", "call stack"), ("rewrites_judge_through_proc", "other processes")):
         assert what in by_sid[sid], (sid, by_sid[sid])
     flagged = {sid for sid, r in by_sid.items() if not r.endswith(",")}
     assert not flagged & {"honest", "noisy_but_right", "edited_locked_cells", "colab_nbformat5"}, flagged
     assert "malformed_json" not in by_sid
     html = (course.root / "autograder" / "feedback" / "honest" / A / f"{A}.html").read_text()
     assert "6.0 / 6.0" in html or "Score: 6" in html, "honest learner's feedback shows full marks"
+
+
+def no_trusted_file_is_within_reach(corpus_run):
+    """The learner who searched sys.path and the whole file system it can see for a judge, a reference or a case
+    generator (loose or in a wheel) found none."""
+    course = corpus_run["course"]
+    nb = json.loads((course.root / "autograder" / "autograded" / "looks_for_references" / A / f"{A}.ipynb")
+                    .read_text())
+    text = json.dumps(nb)
+    assert "TRUSTED SIDE FOUND: []" in text, text[text.find("TRUSTED SIDE"):][:600]
 
 
 def feedback_teaches_without_leaking_hidden_tests(corpus_run):
@@ -329,7 +452,8 @@ def test_the_hostile_corpus(tmp_path):
     run = run_corpus(tmp_path)
     failures = []
     for check in (every_submission_scores_what_it_earned, the_run_ends_within_its_limits,
-                  nothing_outside_the_attackers_rows_changed, feedback_teaches_without_leaking_hidden_tests):
+                  nothing_outside_the_attackers_rows_changed, feedback_teaches_without_leaking_hidden_tests,
+                  no_trusted_file_is_within_reach):
         try:
             check(run)
         except AssertionError as e:
@@ -353,17 +477,56 @@ def test_sandbox_sees_no_course_files_and_no_network(tmp_path):
                     "shadow": False, "net": False, "uid": 65534}, seen
 
 
-def test_fallback_warns_which_protections_are_missing(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEMLAB_NO_BWRAP", "1")
+def test_without_a_sandbox_a_class_is_refused_and_a_check_says_it_is_unprotected(monkeypatch, tmp_path, capsys):
+    """No line of protection (MEMLAB_SANDBOX=none stands in for a machine with neither bubblewrap nor root): a class
+    run refuses in one line naming the fix, before grading anyone; a learner's own check still runs, saying so."""
+    monkeypatch.setenv("MEMLAB_SANDBOX", "none")
     box = sandbox.Sandbox()
-    assert box.bwrap is None
-    assert "filesystem isolation" in box.warning() and "network isolation" in box.warning()
+    assert box.line == "none" and "filesystem isolation" in box.warning()
     course = drill_course(tmp_path / "course")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a.ipynb").write_text(json.dumps(make(course)))
+    with pytest.raises(SystemExit) as refused:
+        grade.grade_class(subs, A, course=course, log=lambda s: None)
+    assert "no sandbox can run here" in str(refused.value) and "bubblewrap" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert not (course.root / "grades.csv").exists()
     nb = tmp_path / f"{A}.ipynb"
     nb.write_text(json.dumps(make(course)))
     g = grade.check_notebook(nb, A, timeout=60, release=course.release)
     assert g.total == (FULL, FULL), (g.scores, g.reasons, g.note)
-    assert "warning: learners are graded without" in capsys.readouterr().err
+    assert "unprotected" in capsys.readouterr().err
+
+
+def test_the_separate_user_line_refuses_while_a_learner_could_read_the_checks(monkeypatch, tmp_path):
+    """The second line (a user of its own per learner, where bubblewrap cannot run) checks before grading that the
+    learner's user can read none of the trusted checks, the solutions, the tests or the class, and that it can read
+    Python: here the course checkout is world-readable (or Python lives under root's home), so it refuses in one
+    line naming the path and the fix."""
+    if os.geteuid() != 0:
+        pytest.skip("the separate-user line needs root")
+    monkeypatch.setenv("MEMLAB_SANDBOX", "user")
+    course = drill_course(tmp_path / "course")
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "a.ipynb").write_text(json.dumps(make(course)))
+    with pytest.raises(SystemExit) as refused:
+        grade.grade_class(subs, A, course=course, log=lambda s: None)
+    msg = str(refused.value)
+    assert "\n" not in msg and "uid" in msg and ("chmod" in msg or "cannot read" in msg), msg
+
+
+def test_two_entries_for_one_learner_are_refused(tmp_path):
+    """x.ipynb beside x/: neither is graded (which one counts would be a guess); the row names both."""
+    course = drill_course(tmp_path / "course")
+    subs = tmp_path / "subs"
+    (subs / "zed").mkdir(parents=True)
+    (subs / "zed.ipynb").write_text(json.dumps(make(course)))
+    (subs / "zed" / f"{A}.ipynb").write_text(json.dumps(make(course, None, None)))
+    ex = grade.exercise(A, course.release)
+    found, failed, skipped = grade.collect(subs, ex)
+    assert "zed" not in found and "zed.ipynb" in failed["zed"] and "zed/" in failed["zed"], failed
 
 
 def test_jobs_give_the_same_scores_as_one_job(tmp_path):
