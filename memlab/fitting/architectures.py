@@ -118,7 +118,9 @@ def build_model(cfg, attention: str):
     for impl in dict.fromkeys((attention, "eager")):
         cfg._attn_implementation = impl
         try:
-            return auto.from_config(cfg), task
+            model = auto.from_config(cfg)
+            model._memlab_attention = impl           # what runs: the asked path, or eager where there is no other
+            return model, task
         except ValueError as e:
             if "attention implementation" in str(e) and impl != "eager":
                 continue                     # no sdpa path for this architecture: its eager one
@@ -182,10 +184,10 @@ def _labels(cfg, n: int):
     return torch.randint(0, k, (n,))
 
 
-def task_inputs(model, n: int, seq: int, labels: bool = True) -> dict:
+def task_inputs(model, n: int, seq: int, labels: bool = True, target_seq: int | None = None) -> dict:
     """The model's inputs for n examples: (n, seq) token ids (causal: labels = the tokens; seq-cls: a class per
-    sequence; seq2seq: (n, seq) target tokens), or for an image classifier (n, channels, size, size) pixels in
-    the dtype of its patch embedding (seq is not used) and a class per image."""
+    sequence; seq2seq: (n, target_seq or seq) target tokens), or for an image classifier (n, channels, size, size)
+    pixels in the dtype of its patch embedding (seq is not used) and a class per image."""
     cfg = model.config
     task = getattr(model, "_memlab_task", "causal")
     if task == "image-cls":
@@ -196,7 +198,7 @@ def task_inputs(model, n: int, seq: int, labels: bool = True) -> dict:
         out = {"input_ids": torch.randint(0, cfg.vocab_size, (n, seq))}
     if labels:
         out["labels"] = out["input_ids"] if task == "causal" else \
-            torch.randint(0, cfg.vocab_size, (n, seq)) if task == "seq2seq" else _labels(cfg, n)
+            torch.randint(0, cfg.vocab_size, (n, target_seq or seq)) if task == "seq2seq" else _labels(cfg, n)
     return out
 
 

@@ -169,8 +169,12 @@ def load_config(model):
                          + (f" (did you mean {', '.join(map(repr, near))}?)" if near else "")
                          + f"; memlab.fit runs {KINDS}")
     d = dict(d)
+    untied = d.get("tie_word_embeddings") is False
     try:
-        return AutoConfig.for_model(d.pop("model_type"), **d)
+        cfg = AutoConfig.for_model(d.pop("model_type"), **d)
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"model: transformers could not make a {kind!r} config from these fields "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e})") from None
+    if untied and getattr(cfg, "tie_word_embeddings", False):
+        cfg.memlab_untied_head = True   # the config forces a tie the checkpoint does not have: the model is untied
+    return cfg

@@ -71,10 +71,12 @@ def _linear_shape(m):
     return None
 
 
-def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
+def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str, layers: tuple | None = None):
     """The model on the meta device (shapes only; build it outside FakeTensorMode: some models make
     tensors in __init__), to be given storage by `materialise`. Returns (model, info):
-    info = {"n_params": base parameters, "layer_params": one layer of each stack, "trainable": trainable}.
+    info = {"n_params": base parameters, "layer_params": one layer of each stack, "stack_params": every layer of
+    every stack, "trainable": trainable}. `layers`: keep only these layers of the stack as built (a run of chosen
+    kinds of layer, `memlab.fitting.layers.select_layers`).
 
     full: every parameter in `dtype`, trainable. lora: frozen base in `dtype`, peft LoRA adapters (fp32,
     peft's default) of rank r on every linear layer but the output head (target_modules="all-linear"; peft's
@@ -90,9 +92,16 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     with torch.device("meta"):
         model, task = build_model(cfg, attention)
         model._memlab_task = task
+        if _get(cfg, "memlab_untied_head"):   # the config.json says the head is its own (mT5, T5 v1.1)
+            _untie_head(model)
+        if layers is not None:           # a run of chosen layers (memlab/fitting/layers.py)
+            from .layers import select_layers
+            select_layers(model, cfg, layers)
         stacks = layer_stacks(model)
         info = {"n_params": sum(p.numel() for p in model.parameters()),
-                "layer_params": sum(p.numel() for st in stacks for p in st[0].parameters())}
+                "layer_params": sum(p.numel() for st in stacks for p in st[0].parameters()),
+                "stack_params": sum(p.numel() for st in stacks for p in st.parameters()),
+                "attention_run": getattr(model, "_memlab_attention", attention)}
         if method != "full":
             from peft import LoraConfig, get_peft_model
             head = {} if task not in ("seq-cls", "image-cls") else \
@@ -111,6 +120,15 @@ def skeleton(cfg, method: str, dtype: torch.dtype, r: int, attention: str):
     info["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model._memlab_unused = _unreached(model)
     return model, info
+
+
+def _untie_head(model) -> None:
+    """Give the output head its own weight where transformers ties it to the input embedding although the
+    checkpoint's config.json says "tie_word_embeddings": false (transformers 5 ties T5 and mT5 always; mt0-xxl's
+    head is then 1.02B parameters that the real run holds and the tied model does not)."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is not None and inp is not None and out.weight is inp.weight:
+        out.weight = nn.Parameter(torch.empty_like(inp.weight))
 
 
 def _unreached(model) -> frozenset:
@@ -167,6 +185,21 @@ def _amp_recompute(context_fn=None):
     return contexts
 
 
+def _kept_in_fp32(model, dtype: torch.dtype) -> set:
+    """ids of the parameters and buffers from_pretrained(dtype=...) keeps in fp32: the model class's
+    `_keep_in_fp32_modules_strict` (MoE routers: DeepSeek-V3's gate.weight and e_score_correction_bias; for bf16 and
+    fp16) and `_keep_in_fp32_modules` (for fp16 only: T5's wo, GPT-OSS's norms), matched as transformers matches them
+    (each name a regular expression searched in the parameter's name: `PreTrainedModel._get_dtype_plan`)."""
+    base = _base(model)
+    plan = base._get_dtype_plan(dtype) if hasattr(base, "_get_dtype_plan") and dtype != torch.float32 else {}
+    if not plan:
+        return set()
+    import re
+    pattern = re.compile("|".join(k.replace("*", ".*") for k in plan))
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    return {id(t) for n, t in named if pattern.search(n)}
+
+
 def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest: torch.dtype = torch.float32,
                 amp: bool = False):
     """Give a `skeleton` storage on the current default device (fake inside VirtualGPU.run): trainable
@@ -174,16 +207,18 @@ def materialise(model, method: str, dtype: torch.dtype, checkpointing: str, rest
     `dtype`), frozen ones in `dtype` (`rest` outside the 4-bit layers for qlora: fp32 by default); checkpointing
     "full" (every repeated layer) or "selective" (`selective_policy`)."""
     other = rest if method == "qlora" else dtype
+    keep = _kept_in_fp32(model, other)
 
     def dtype_of(mname, p):
         adapter = ".lora_" in f".{mname}"
-        return (torch.float32 if adapter else other), method == "full" or p.requires_grad
+        return (torch.float32 if adapter or id(p) in keep else other), method == "full" or p.requires_grad
     give_storage(model, dtype_of)
     for m in model.modules():       # floating buffers (BART's final_logits_bias) in the weights' dtype, as
         if not isinstance(m, Linear4bitStandIn):     # model.to(dtype) and from_pretrained(dtype=...) leave them
             for name, b in m._buffers.items():
-                if b is not None and b.is_floating_point() and b.dtype != other:
-                    m._buffers[name] = b.to(other)
+                want = torch.float32 if id(b) in keep else other
+                if b is not None and b.is_floating_point() and b.dtype != want:
+                    m._buffers[name] = b.to(want)
     if checkpointing != "none":
         kw = {"use_reentrant": False}
         if checkpointing == "selective":
@@ -227,6 +262,9 @@ def fit_step(model, info: dict, plan) -> dict:
     "states": parameters/gradients/optimizer bytes just after the optimizer step.
     `model` is a `skeleton` (each call needs a fresh one: it is given storage here)."""
     task = getattr(model, "_memlab_task", "causal")
+    if getattr(plan, "target_seq", None) is not None and task != "seq2seq":
+        raise ValueError(f"target_seq is the target length of an encoder-decoder; {model.config.model_type!r} runs a "
+                         f"{task} step: leave target_seq=None")
     if getattr(plan, "loss", "full") == "chunked" and task != "causal":
         raise ValueError(f"loss='chunked' is for causal language models; {model.config.model_type!r} runs a "
                          f"{task} step: use loss='full'")
@@ -306,7 +344,7 @@ def _fit_step(model, info: dict, plan) -> dict:
 def _forward_backward(model, info: dict, plan, autocast) -> None:
     """One micro-batch: a forward (phase "forward", autocast for "amp", activations offloaded if the plan says so)
     and its backward (phase "backward"); nothing of it is kept."""
-    batch = task_inputs(model, plan.micro, plan.seq)
+    batch = task_inputs(model, plan.micro, plan.seq, target_seq=getattr(plan, "target_seq", None))
     with phase("forward"), (autocast or _null()), offload_activations(info, getattr(plan, "activation_offload", False)):
         loss = _forward_loss(model, batch, plan)
     with phase("backward"):

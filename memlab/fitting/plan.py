@@ -80,10 +80,13 @@ class Plan:
     step_in_backward: bool = False
     paged: bool = False
     activation_offload: bool = False
+    target_seq: int | None = None
 
     def check(self) -> "Plan":
         for name in ("batch", "seq", "gpus", "lora_r"):
             pos_int(name, getattr(self, name))
+        if self.target_seq is not None:
+            pos_int("target_seq", self.target_seq, what="None or a positive int (an encoder-decoder's target length)")
         for name, allowed in CHOICES.items():
             one_of(name, getattr(self, name), allowed, what=f"one of {', '.join(map(repr, allowed))}")
         mb = self.micro_batch
@@ -153,6 +156,7 @@ class FitResult:
     reserved_cached: int | None = None   # max reserved with memory to spare (None: reserved)
     context: int = 0                 # CUDA context + cuBLAS workspaces assumed, outside the tensors
     context_source: str = ""
+    notes: list = field(default_factory=list)   # what ran otherwise than asked, said in the answer
 
     def __post_init__(self):
         if self.reserved is None:
@@ -194,6 +198,7 @@ class FitResult:
                  f"{', ' + OPTIMIZER_NAMES.get(p['optimizer'], p['optimizer']) + ', checkpointing ' + p['checkpointing'] if p['mode'] == 'train' else ''}"  # noqa: E501
                  f", batch {p['batch']}"
                  f"{' (micro-batch ' + str(p['micro_batch']) + ')' if p['micro_batch'] else ''} x seq {p['seq']}"
+                 f"{' -> target ' + str(p['target_seq']) if p.get('target_seq') else ''}"
                  f"{', ZeRO-' + str(p['zero']) if p['zero'] else ''}"
                  f"{', ' + str(p['gpus']) + ' GPUs' if p['gpus'] > 1 else ''}"
                  f"{', optimizer offloaded to CPU' if p['offload'] else ''}"
@@ -214,6 +219,7 @@ class FitResult:
                      f"card has room)")
         lines.append(f"  + CUDA context      {format_bytes(self.context):>10} = needs {format_bytes(self.needed)}"
                      f"{' (' + self.context_source + ')' if self.context_source else ''}")
+        lines += [f"  note: {n}" for n in self.notes]
         sign = "spare" if self.fits else "short"
         lines.append(f"  headroom: {abs(self.headroom_bytes) / GiB:.2f} GiB {sign}; answered in {self.seconds:.1f} s")
         c = self.cost
@@ -271,7 +277,8 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
         optimizer: str = "auto", checkpointing: str = "none", zero: int = 0, gpus: int = 1, mode: str = "train",
         micro_batch: int | None = None, offload: bool = False, attention: str = "sdpa", lora_r: int = 16,
         qlora_rest: str = "fp32", loss: str = "full", step_in_backward: bool = False, paged: bool = False,
-        activation_offload: bool = False, headroom: float = HEADROOM, context: int | None = None) -> FitResult:
+        activation_offload: bool = False, target_seq: int | None = None, headroom: float = HEADROOM,
+        context: int | None = None) -> FitResult:
     """Will `model` train (mode="train": one optimizer step of `batch` sequences of `seq` tokens) or serve
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
@@ -316,6 +323,8 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     headroom    the share of capacity kept free for what is still not modelled (a longer batch than planned,
                 other processes, the allocator model's and the context's error): fits = reserved + context <=
                 capacity * (1 - headroom)
+    target_seq  an encoder-decoder's target length (labels and decoder input), where `seq` is the source's; None:
+                the same as seq. Real seq2seq targets are often a few tokens (a class name, a short answer)
     context     bytes the process holds outside its tensors (CUDA context, cuBLAS workspaces); None: `context_bytes`
                 (a recording of this card, else a cited figure). Measure yours: on the card, total_memory minus
                 torch.cuda.mem_get_info()[0] minus torch.cuda.memory_reserved(), after a first matmul
@@ -329,7 +338,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     precision = auto_precision(gpu) if precision == "auto" else precision
     optimizer = trainer_default() if optimizer == "auto" else optimizer
     plan = Plan(batch, seq, method, precision, optimizer, checkpointing, zero, gpus, mode, micro_batch, offload,
-                attention, lora_r, qlora_rest, loss, step_in_backward, paged, activation_offload).check()
+                attention, lora_r, qlora_rest, loss, step_in_backward, paged, activation_offload, target_seq).check()
     number_in("headroom", headroom, 0, 1, what="a fraction in [0, 1)")
     if context is not None:
         pos_int("context", context, zero_ok=True, what="a non-negative int of bytes or None")
@@ -366,10 +375,15 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     if paged:        # at worst the whole state comes in for the update and goes out again, every step
         cost["offload_bytes"] = cost.get("offload_bytes", 0) + 2 * paged
     name = model if isinstance(model, str) else raw["model_type"]
+    notes = []
+    ran = info.get("attention_run", plan.attention)
+    if ran != plan.attention:
+        notes.append(f"attention {ran}: transformers has no {plan.attention} path for {raw['model_type']!r}, so "
+                     f"this is what it runs")
     return FitResult(peak=peak, capacity=capacity, usable=usable, fits=reserved + ctx <= usable,
                      by_category={c: phases[top][c] for c in CATEGORIES},
                      by_phase={ph: d["total"] for ph, d in phases.items()}, plan=asdict(plan),
                      cost=cost, seconds=time.perf_counter() - t0, model=str(name),
                      gpu=gpu_name, peak_phase=top, model_states=states, n_params=int(info["n_params"]),
                      trainable=int(info["trainable"]), reserved=reserved, reserved_cached=cached, context=ctx,
-                     context_source=ctx_source)
+                     context_source=ctx_source, notes=notes)

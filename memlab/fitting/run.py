@@ -128,14 +128,14 @@ def allocator_bytes(tracker) -> dict:
 _SKELETONS: dict = {}
 
 
-def _skeleton(cfg_key: str, cfg, method, dtype, r, attention):
+def _skeleton(cfg_key: str, cfg, method, dtype, r, attention, layers=None):
     """`memlab.fitting.model.skeleton`, built once per config and model options and copied for each run (a run
     gives the copy its storage): building one, peft's wrapping above all, is most of a run's time, and a search
     runs the same model under many plans."""
     from .model import skeleton
-    key = (cfg_key, cfg.num_hidden_layers, method, dtype, r, attention)
+    key = (cfg_key, cfg.num_hidden_layers, method, dtype, r, attention, layers)
     if key not in _SKELETONS:
-        _SKELETONS[key] = skeleton(cfg, method, dtype, r, attention)
+        _SKELETONS[key] = skeleton(cfg, method, dtype, r, attention, layers)
     sk, info = _SKELETONS[key]
     return copy.deepcopy(sk), dict(info)
 
@@ -166,14 +166,30 @@ def measure(config, plan) -> dict:
         import transformers.optimization  # noqa: F401
     L = model_depth(cfg)
     gpu = VirtualGPU(capacity_gb=2**20)
-    runs = []
-    ks = (BASE, BASE + 1) if L > BASE else (L,)
     cfg_json = cfg.to_json_string(use_diff=False)
-    for k in ks:
+
+    def run(k, layers=None):
         sk, info = _skeleton(cfg_json, cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r,
-                             rp.attention)
+                             rp.attention, layers)
         r = gpu.run(fit_step, sk, info, rp, timeline=True)
-        runs.append(({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)))
+        return {ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)
+    from .layers import combine, kind_runs, layer_kinds
+    kinds = layer_kinds(cfg, L) if L > BASE + 1 else None
+    if kinds is not None:                      # layers of several kinds: memlab/fitting/layers.py
+        base_idx, kind_idx, counts = kind_runs(kinds)
+        base = run(max(base_idx) + 1, base_idx)
+        more = {k: run(max(idx) + 1, idx) for k, idx in kind_idx.items()}
+        phases = {ph: combine(base[0][ph], {k: m[0][ph] for k, m in more.items()}, counts)
+                  for ph in base[0] if all(ph in m[0] for m in more.values())}
+        info = combine(base[1], {k: m[1] for k, m in more.items()}, counts)
+        last = more[max(more, key=lambda k: max(d["total"] for d in more[k][0].values()))] if more else base
+        out = {"phases": phases, "info": info, "allocator": last[2]}
+        out["info"]["layer_kinds"] = kinds
+        out["info"].update(_shape(cfg, L))
+        _CACHE[key] = out
+        _disk_write(key, out)
+        return out
+    runs = [run(k) for k in ((BASE, BASE + 1) if L > BASE else (L,))]
     if len(runs) == 1:
         out = {"phases": runs[0][0], "info": runs[0][1], "allocator": runs[0][2]}
     else:
@@ -181,8 +197,8 @@ def measure(config, plan) -> dict:
         phases = {ph: _extend(p1[ph], p2[ph], L - BASE + 1) for ph in p1 if ph in p2}
         # per-layer constants (one layer's bytes, the embedding's) come out unchanged: b - a = 0
         n = L - BASE
-        info = {k: (_extend(i1[k], i2[k], n + 1) if isinstance(i1[k], dict) else i1[k] + n * (i2[k] - i1[k]))
-                for k in i1}
+        info = {k: (_extend(i1[k], i2[k], n + 1) if isinstance(i1[k], dict) else i1[k] + n * (i2[k] - i1[k])
+                    if isinstance(i1[k], (int, float)) else i1[k]) for k in i1}
         out = {"phases": phases, "info": info, "allocator": a2}
     out["info"].update(_shape(cfg, L))
     _CACHE[key] = out
@@ -274,7 +290,8 @@ def plan_cost(plan, info: dict) -> dict:
         return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "dequant_bytes": 0, "steps_per_batch": 1}
     L, tokens = info["depth"], plan.batch * plan.seq
     attn = 4 * tokens * plan.seq * info["attn_width"]
-    flops = {"none": 0, "selective": L * attn, "full": L * (2 * info["layer_params"] * tokens + attn)}
+    stack = info.get("stack_params", info["layer_params"] * L)        # every repeated layer's parameters
+    flops = {"none": 0, "selective": L * attn, "full": 2 * stack * tokens + L * attn}
     N = plan.gpus
     grads = info["trainable_bytes"]
     offload = (4 * -(-info["trainable"] // N) + -(-grads // N)) if plan.offload else 0
@@ -283,6 +300,6 @@ def plan_cost(plan, info: dict) -> dict:
     if getattr(plan, "activation_offload", False):    # measured over min(2, steps_per_batch) micro-batches
         offload += 2 * info.get("offloaded_bytes", 0) * plan.steps_per_batch // min(2, plan.steps_per_batch)
     uses = 2 + (plan.checkpointing == "full")
-    dequant = int(2.5 * info["layer_params"] * L * uses * plan.steps_per_batch) if plan.method == "qlora" else 0
+    dequant = int(2.5 * stack * uses * plan.steps_per_batch) if plan.method == "qlora" else 0
     return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,
             "dequant_bytes": dequant, "steps_per_batch": plan.steps_per_batch}

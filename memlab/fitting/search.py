@@ -254,7 +254,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", default="L4-24GB", help="a card as you would name it (4090, 'RTX 3090', a10g, "
                     "h100-80gb, T4-16GB ...: see --list) or its capacity in GiB (default L4-24GB)")
     ap.add_argument("--batch", type=int, default=1, help="sequences per optimizer step (default 1)")
-    ap.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512)")
+    ap.add_argument("--seq", type=int, default=512, help="tokens per sequence (default 512); an encoder-decoder's "
+                    "source length")
+    ap.add_argument("--target-seq", type=int, default=None,
+                    help="an encoder-decoder's target length (labels and decoder input; default: --seq)")
     for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
         default = dict(method="full", precision="auto", optimizer="adamw", checkpointing="none", mode="train",
                        attention="sdpa")[opt]
@@ -318,7 +321,7 @@ def main(argv=None) -> int:
                 mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
                 lora_r=args.lora_r, qlora_rest=args.qlora_rest, loss=args.loss,
                 step_in_backward=args.step_in_backward, paged=args.paged,
-                activation_offload=args.activation_offload, headroom=args.headroom)
+                activation_offload=args.activation_offload, target_seq=args.target_seq, headroom=args.headroom)
         print(r, flush=True)
         if args.search or (not r.fits and not args.no_search):
             print(f"\nsearching the cheapest combinations that fit (each new step takes about {r.seconds:.0f} s "
