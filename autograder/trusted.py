@@ -423,7 +423,10 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
         job_dir = Path(tmp)
         work = sandbox.workdir(job_dir)
         n = "1"     # one thread, as the judge uses: the same summation order on both sides
+        # MALLOC_MMAP_THRESHOLD_: every allocation of 128 KiB or more is a fresh mapping, returned when freed, so the
+        # memory a case's window sees from outside is that case's own (not pages a freed tensor left resident)
         env = {"PYTHONPATH": str(stage), "MPLBACKEND": "Agg", "MPLCONFIGDIR": str(work / ".mpl"),
+               "MALLOC_MMAP_THRESHOLD_": "131072",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
                "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -538,12 +541,19 @@ _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)
                        r"(?:[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)(?:\s*[KMG]i?B\b)?"
                        r"|\([^()]{0,200}\)|\[[^\[\]]{0,200}\]"
                        r"|'[^']{0,200}'|\"[^\"]{0,200}\")", re.I)                                    # a quoted value
+# any value at all: a bracketed or quoted group holding a digit, then any standalone number (with its unit)
+_GROUP = re.compile(r"\([^()]{0,300}\)|\[[^\[\]]{0,300}\]|'[^']{0,300}'|\"[^\"]{0,300}\"")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)"
+                     r"(?:\s*(?:[KMGT]i?B|bytes?)\b)?(?![\w]|-bit|-way)")
 
 
 def redact(message: str) -> str:
-    """A second line of defence behind the judges' marked expected values (checks.common.expected): any number,
-    size, tuple, list or quoted value still written after "expected" in a hidden check's message is hidden too."""
-    return _EXPECTED.sub(lambda m: f"{m[1]}{m[2]}[hidden]", message)
+    """A hidden check's message, structurally: every standalone number (with its unit) and every bracketed or quoted
+    value that holds a digit becomes [hidden], whoever computed it (the reference's expected value, or the
+    learner's own result on the hidden case, which tells of the case too). What stays is the teaching text."""
+    message = _EXPECTED.sub(lambda m: f"{m[1]}{m[2]}[hidden]", message)
+    message = _GROUP.sub(lambda m: "[hidden]" if any(ch.isdigit() for ch in m[0]) else m[0], message)
+    return _NUMBER.sub("[hidden]", message)
 
 
 def _judge(task: Task, case, result: dict | None, note: str | None) -> str | None:

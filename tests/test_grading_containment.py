@@ -434,17 +434,20 @@ def test_collect_skips_unsafe_names_and_anything_holding_a_link(tmp_path):
 
 # ----------------------------------------------------------------------------- hidden messages
 @pytest.mark.parametrize("message, redacted", [
-    ("flops 12, expected 24.", "flops 12, expected [hidden]."),
-    ("nbytes 1,024, expected 2,048, from the shapes", "nbytes 1,024, expected [hidden], from the shapes"),
+    ("flops 12, expected 24.", "flops [hidden], expected [hidden]."),
+    ("nbytes 1,024, expected 2,048, from the shapes", "nbytes [hidden], expected [hidden], from the shapes"),
     ("bound 'memory-bound', expected 'compute-bound': below the ridge", "bound 'memory-bound', expected [hidden]: "
      "below the ridge"),
-    ("has shape (3, 4), expected (4, 3)", "has shape (3, 4), expected [hidden]"),
-    ("order [1, 2], expected [2, 1]", "order [1, 2], expected [hidden]"),
-    ("peak 1.5 GiB, expected 2.25 GiB here", "peak 1.5 GiB, expected [hidden] here"),
-    ("ratio 0.3, should be 0.5; want = 1e-3", "ratio 0.3, should be [hidden]; want = [hidden]"),
+    ("has shape (3, 4), expected (4, 3)", "has shape [hidden], expected [hidden]"),
+    ("order [1, 2], expected [2, 1]", "order [hidden], expected [hidden]"),
+    ("peak 1.5 GiB, expected 2.25 GiB here", "peak [hidden], expected [hidden] here"),
+    ("ratio 0.3, should be 0.5; want = 1e-3", "ratio [hidden], should be [hidden]; want = [hidden]"),
+    ("your estimate is 12% above the measured 3141592 bytes", "your estimate is [hidden]% above the measured [hidden]"),
+    ("task1_5 with float16 and 8-bit AdamW: count (no threads)", "task1_5 with float16 and 8-bit AdamW: count "
+     "(no threads)"),
     ("expected a positive number of GB/s", "expected a positive number of GB/s"),       # no value: unchanged
 ])
-def test_hidden_messages_lose_their_expected_values(message, redacted):
+def test_hidden_messages_lose_every_value(message, redacted):
     assert trusted.redact(message) == redacted
 
 
@@ -459,7 +462,7 @@ def test_only_hidden_cells_are_redacted():
     results = {"task1_1_x_visible/0": {"value": 3}, "task1_1_x_hidden/0": {"value": 3}}
     trusted._judge_cases(plan, {"task1_1_x_visible": 1, "task1_1_x_hidden": 2}, results, graded)
     assert graded.reasons["task1_1_x_visible"] == "got 3, expected 7: count every byte"
-    assert graded.reasons["task1_1_x_hidden"] == "got 3, expected [hidden]: count every byte"
+    assert graded.reasons["task1_1_x_hidden"] == "got [hidden], expected [hidden]: count every byte"
     assert graded.scores == {"task1_1_x_visible": (0.0, 1), "task1_1_x_hidden": (0.0, 2)}
 
 
