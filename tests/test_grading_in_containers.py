@@ -1,11 +1,13 @@
 """Grading where bubblewrap cannot run, as in Docker's defaults and on Gradescope: root, a PID namespace of its own,
 /proc masked as Docker masks it, a root file system of its own (where the kernel refuses new user namespaces, so
 bubblewrap cannot start), Python readable by every user as in an image, and the course checkout out of sight
-(tests/_container.py sets this up in a private mount namespace; nothing on the machine changes). The grader
-must say so in one line and fall back to its second line, a user of its own per learner, with the same results: the honest notebook keeps full marks, the blank one scores 0, and every attack on the
-pipeline (one per mechanism: a forged reply through the harness's frames, work done in a thread and in a process,
-a search for the trusted checks, a judge rewritten through /proc/<pid>/cwd, another learner's files) scores 0 or
-is flagged, with the course's files unchanged. The Gradescope zip is run by its own run_autograder."""
+(tests/_container.py sets this up in a private mount namespace; nothing on the machine changes).
+
+The grader must say so in one line and fall back to its second line, a user of its own per learner, with the same
+results: the honest notebook keeps full marks, the blank one scores 0, and every attack on the pipeline (one per
+mechanism: a forged reply through the harness's frames, work done in a thread and in a process, a search for the
+trusted checks, a judge rewritten through /proc/<pid>/cwd, another learner's files) scores 0 or is flagged, with the
+course's files unchanged. The Gradescope zip is run by its own run_autograder."""
 
 from __future__ import annotations
 
