@@ -543,6 +543,25 @@ def test_known_library_noise_is_dropped_and_other_warnings_kept():
     assert [r.getMessage() for r in seen] == ["a warning that matters"] * len(memlab.device.NOISE)
 
 
+def test_a_fresh_process_that_imports_memlab_shows_no_library_noise():
+    """As a notebook's kernel runs it (pytest resets warning filters around each test, so in a process of its own):
+    a library's internal deprecation warning is dropped and another warning kept, and PyTorch's profiler, which
+    writes "USDT:<date> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start" to stderr for every
+    profile (lesson 01 showed it), prints nothing."""
+    code = ("import memlab, torch, warnings\n"
+            "from torch.profiler import profile, ProfilerActivity\n"
+            "warnings.warn('`is_gradient_checkpointing` is deprecated and will be removed in v6.', FutureWarning)\n"
+            "warnings.warn('a deprecation that matters', FutureWarning)\n"
+            "with profile(activities=[ProfilerActivity.CPU], profile_memory=True):\n"
+            "    torch.randn(8, 8) @ torch.randn(8, 8)\n"
+            "print('profiled')")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert out.returncode == 0 and "profiled" in out.stdout, out.stderr[-2000:]
+    assert "a deprecation that matters" in out.stderr and "is_gradient_checkpointing" not in out.stderr, out.stderr
+    assert "profiler_start" not in out.stderr and not re.search(r"\d+:\d+ \w+\.cpp", out.stderr), out.stderr
+
+
 @pytest.mark.slow
 def test_deepspeed_accelerator_message_is_gone_after_import_memlab():
     pytest.importorskip("deepspeed")

@@ -5,7 +5,7 @@ that every notebook prints in its setup cell, so a learner (and whoever reads
 their output) knows which numbers are live and which are a fallback.
 
 Importing this module touches no GPU: CUDA is queried only when a function is
-called. It also keeps two libraries' start-up chatter out of learners' outputs
+called. It also keeps libraries' start-up chatter out of learners' outputs and the course's website
 (`quiet_library_noise`, run once at import), without importing them.
 """
 
@@ -30,7 +30,14 @@ NOISE = {
     "DeepSpeed": ("Setting accelerator to CPU",),
     # bitsandbytes/cextension.py (releases before 0.46 log it on import on a machine without CUDA)
     "bitsandbytes.cextension": ("compiled without GPU support",),
+    # bitsandbytes/backends/cpu/ops.py, on import on a CPU with AVX512-BF16: optional kernels from the Hugging Face
+    # Hub that the course does not use ("Please make sure you already `pip install kernels`")
+    "bitsandbytes.backends.cpu.ops": ("Failed to load CPU gemm_4bit_forward from kernels-community",),
 }
+# Python warnings of the same kind, by message: one library calling another's deprecated name (peft's PeftModel
+# reads transformers' `is_gradient_checkpointing`), nothing a learner's code did or can change.
+NOISY_WARNINGS = ((r"The installed version of bitsandbytes was compiled without GPU", UserWarning),
+                  (r"`is_gradient_checkpointing` is deprecated", FutureWarning))
 
 
 class _DropMessages(logging.Filter):
@@ -44,14 +51,18 @@ class _DropMessages(logging.Filter):
 
 
 def quiet_library_noise() -> None:
-    """Drop the messages listed in `NOISE` (idempotent). It attaches filters to those libraries' loggers, which
-    `logging.getLogger` creates ahead of the libraries (they keep the filter when they configure the logger),
-    so nothing is imported; older bitsandbytes releases used `warnings.warn` for the same message."""
+    """Drop the messages listed in `NOISE` and `NOISY_WARNINGS` (idempotent). It attaches filters to those
+    libraries' loggers, which `logging.getLogger` creates ahead of the libraries (they keep the filter when they
+    configure the logger), so nothing is imported. PyTorch's profiler (kineto) writes a line with the date, the
+    process id and a C++ file name to stderr each time a profile starts and stops; KINETO_LOG_LEVEL=6 (read when
+    the first profile starts, so setting it after importing torch works) keeps it quiet unless the user set it."""
     for name, needles in NOISE.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(needles))
-    warnings.filterwarnings("ignore", message=r"The installed version of bitsandbytes was compiled without GPU")
+    for message, category in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 quiet_library_noise()
