@@ -540,12 +540,18 @@ class Session:
         return len(self._learner_processes()) - 1
 
     def _learner_processes(self) -> list[int]:
-        if self.box.line == "bubblewrap":
-            init = _children(self.proc.pid)
-            return _descendants(init[0]) if init else []
         if self.uid is not None:
             return _processes_of(self.uid)
-        return _descendants(self.proc.pid)
+        tree = _process_tree()
+        top = tree.get(self.proc.pid, [])
+        if self.box.line == "bubblewrap":          # bubblewrap -> its init in the sandbox -> the learner's processes
+            top = tree.get(top[0], []) if top else []
+        found, todo = [], list(top)
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo += tree.get(pid, [])
+        return found
 
     def window_open(self) -> None:
         """Reset the cgroup's memory high-water mark to what the sandbox holds now (no-op without a cgroup)."""
@@ -651,13 +657,15 @@ def _children(pid: int) -> list[int]:
     return [p for _, p in sorted(out)]
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found += kids
-        todo += kids
-    return found
+def _process_tree() -> dict[int, list[int]]:
+    """parent pid -> its children's pids, from one pass over /proc."""
+    tree: dict[int, list[int]] = {}
+    for d in os.scandir("/proc"):
+        if d.name.isdigit():
+            s = _stat(int(d.name))
+            if s:
+                tree.setdefault(int(s[1]), []).append(int(d.name))
+    return tree
 
 
 def _processes_of(uid: int) -> list[int]:
