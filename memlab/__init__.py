@@ -9,7 +9,7 @@
     attention_io  the HBM bytes attention moves: IO complexity, counted                (lesson 05)
     dist/         ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
     quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
-    fitting/      will it fit: memlab.fit, memlab.fit_search, memlab-fit              (lesson 08)
+    fitting/      will it fit: memlab.fit, memlab.fit_max, memlab.fit_search, memlab-fit (lesson 08)
     parallel/     tensor, sequence, pipeline and context parallelism                  (lesson 09)
     kit/          what the graded exercises' notebooks call (no grading code)
     plot, widgets figures and the calculator
@@ -29,14 +29,14 @@ from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .hardware.timing import copy_bandwidth, time_fn
 from . import attention, checkpointing, clinic, dist, parallel, plot, quant, widgets  # noqa: E402
 # will it fit: transformers and peft load inside the functions; memlab.fit and memlab.fit_search are functions
-from .fitting import FitResult, fit, fit_presets, fit_search  # noqa: E402
+from .fitting import FitMax, FitResult, fit, fit_max, fit_presets, fit_search  # noqa: E402
 
 __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "MemoryTracker", "format_bytes",
            "phase", "watch", "PRESETS", "VirtualGPU", "VirtualRun", "MLP", "GPT", "GPTConfig", "train_step",
            "naive_attention", "attention_bytes", "kv_cache_bytes", "sdpa_backend", "flash_attn_status",
            "HEADROOM", "usable_bytes", "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth",
            "time_fn",
-           "fit", "fit_search", "FitResult", "fit_presets",
+           "fit", "fit_search", "FitResult", "fit_presets", "fit_max", "FitMax",
            "attention", "checkpointing", "clinic", "dist", "parallel", "plot", "quant", "widgets"]
 __version__ = "0.1.0"
 

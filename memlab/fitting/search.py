@@ -298,6 +298,12 @@ def main(argv=None) -> int:
                          f"{kept if kept else '(none: MEMLAB_FIT_CACHE is set empty)'} (MEMLAB_FIT_CACHE names "
                          "another folder; default $XDG_CACHE_HOME/memlab/fit, else ~/.cache/memlab/fit), so a "
                          "question asked before is answered without running it again")
+    limit = ap.add_mutually_exclusive_group()
+    limit.add_argument("--max-seq", action="store_true",
+                       help="find the longest sequence that fits the plan (--seq is ignored): the bytes at the limit "
+                            "and what one more token would need")
+    limit.add_argument("--max-batch", action="store_true",
+                       help="find the largest batch (no gradient accumulation) that fits the plan at --seq")
     search = ap.add_mutually_exclusive_group()
     search.add_argument("--search", action="store_true", help="also list the cheapest combinations that fit")
     search.add_argument("--no-search", action="store_true",
@@ -315,13 +321,20 @@ def main(argv=None) -> int:
     if args.no_cache:
         os.environ["MEMLAB_FIT_CACHE"] = ""          # this process keeps nothing on disk (memlab.fitting.run)
     gpu = args.gpu
+    options = dict(method=args.method, precision=args.precision, optimizer=args.optimizer,
+                   checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus, mode=args.mode,
+                   micro_batch=args.micro_batch, offload=args.offload, attention=args.attention, lora_r=args.lora_r,
+                   qlora_rest=args.qlora_rest, loss=args.loss, step_in_backward=args.step_in_backward,
+                   paged=args.paged, activation_offload=args.activation_offload, target_seq=args.target_seq,
+                   headroom=args.headroom)
     try:
-        r = fit(args.model, gpu, batch=args.batch, seq=args.seq, method=args.method, precision=args.precision,
-                optimizer=args.optimizer, checkpointing=args.checkpointing, zero=args.zero, gpus=args.gpus,
-                mode=args.mode, micro_batch=args.micro_batch, offload=args.offload, attention=args.attention,
-                lora_r=args.lora_r, qlora_rest=args.qlora_rest, loss=args.loss,
-                step_in_backward=args.step_in_backward, paged=args.paged,
-                activation_offload=args.activation_offload, target_seq=args.target_seq, headroom=args.headroom)
+        if args.max_seq or args.max_batch:
+            from .limits import fit_max
+            what = "seq" if args.max_seq else "batch"
+            other = {"batch": args.batch} if what == "seq" else {"seq": args.seq}
+            print(fit_max(args.model, gpu, what=what, **other, **options), flush=True)
+            return 0
+        r = fit(args.model, gpu, batch=args.batch, seq=args.seq, **options)
         print(r, flush=True)
         if args.search or (not r.fits and not args.no_search):
             print(f"\nsearching the cheapest combinations that fit (each new step takes about {r.seconds:.0f} s "
