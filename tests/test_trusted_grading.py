@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -91,6 +92,10 @@ FIND_TRUSTED = """import glob, os, sys, zipfile
 found = []
 roots = {p for p in sys.path if p} | {'/', '/usr', '/opt', '/tmp', '/home', '/root', '/srv', '/autograder', '/work',
                                        '/mnt', '/var', os.getcwd()}
+try:                                   # every folder bound into this process's view
+    roots |= {line.split()[4] for line in open('/proc/self/mountinfo')}
+except OSError:
+    pass
 for root in sorted(roots):
     for depth in range(5):
         pattern = os.path.join(root, *['*'] * depth)
@@ -515,6 +520,35 @@ def test_the_separate_user_line_refuses_while_a_learner_could_read_the_checks(mo
         grade.grade_class(subs, A, course=course, log=lambda s: None)
     msg = str(refused.value)
     assert "\n" not in msg and "uid" in msg and ("chmod" in msg or "cannot read" in msg), msg
+
+
+def test_a_copy_of_the_grader_installed_into_site_packages_is_out_of_reach(tmp_path, monkeypatch):
+    """A non-editable install (pip install ., the Colab route) puts the whole grader, trusted side included, into
+    site-packages, which the sandbox must bind for Python to run: bubblewrap shows that folder empty, so a learner
+    who searches every folder it can see, sys.path and every mount point included, finds no judge, reference or
+    case generator; and the separate-user line refuses to grade while such a copy is readable."""
+    need_bwrap("the bubblewrap line masks the installed copy")
+    site = tmp_path / "env" / "lib" / "python3.x" / "site-packages"          # laid out as pip lays it out
+    shutil.copytree(ROOT / "autograder", site / "autograder", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "gpu_memory_lab-0.1.0.dist-info").mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    assert trusted.installed_graders() == [site / "autograder"]
+    course = drill_course(tmp_path / "course")
+    nb = tmp_path / f"{A}.ipynb"
+    nb.write_text(json.dumps(make(course, extra_before=FIND_TRUSTED)))
+    g = grade.check_notebook(nb, A, timeout=120, release=course.release)
+    assert g.total == (FULL, FULL), (g.scores, g.reasons, g.note)
+    (found,) = [e for e in g.cell_errors if "TRUSTED SIDE FOUND" in e]
+    assert found.endswith("TRUSTED SIDE FOUND: []"), found
+    if os.geteuid() == 0:                         # the same copy where every user can read it, as in an image
+        import tempfile
+        with tempfile.TemporaryDirectory() as shared:
+            os.chmod(shared, 0o755)
+            shutil.copytree(site, Path(shared) / "site-packages")
+            for d, _, files in os.walk(shared):
+                os.chmod(d, 0o755)
+            with pytest.raises(SystemExit, match="can read .*site-packages/autograder"):
+                sandbox.Sandbox(line="user").preflight([Path(shared) / "site-packages" / "autograder"], [])
 
 
 def test_two_entries_for_one_learner_are_refused(tmp_path):
