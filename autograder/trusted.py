@@ -540,9 +540,9 @@ def _judge_cases(plan: dict, points: dict, results: dict, graded: Graded) -> Non
 _EXPECTED = re.compile(r"\b(expected|want(?:ed)?|reference(?: value)?|should be)(\s*(?:is|was|=|:)?\s*)"
                        r"(?:[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)(?:\s*[KMG]i?B\b)?"
                        r"|\([^()]{0,200}\)|\[[^\[\]]{0,200}\]"
-                       r"|'[^']{0,200}'|\"[^\"]{0,200}\")", re.I)                                    # a quoted value
+                       r"|'[^']{0,200}'(?!\w)|\"[^\"]{0,200}\"(?!\w))", re.I)                        # a quoted value
 # any value at all: a bracketed or quoted group holding a digit, then any standalone number (with its unit)
-_GROUP = re.compile(r"\([^()]{0,300}\)|\[[^\[\]]{0,300}\]|'[^']{0,300}'|\"[^\"]{0,300}\"")
+_GROUP = re.compile(r"\([^()]{0,300}\)|\[[^\[\]]{0,300}\]|(?<!\w)'[^']{0,300}'(?!\w)|(?<!\w)\"[^\"]{0,300}\"(?!\w)")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d(?:[\d_]|,\d)*(?:\.\d+)?(?:e[-+]?\d+)?|inf|nan)"
                      r"(?:\s*(?:[KMGT]i?B|bytes?)\b)?(?![\w]|-bit|-way)")
 

@@ -446,6 +446,8 @@ def test_collect_skips_unsafe_names_and_anything_holding_a_link(tmp_path):
     ("task1_5 with float16 and 8-bit AdamW: count (no threads)", "task1_5 with float16 and 8-bit AdamW: count "
      "(no threads)"),
     ("expected a positive number of GB/s", "expected a positive number of GB/s"),       # no value: unchanged
+    ("concatenating the ranks' outputs gives the full layer's output (2 ranks)",          # apostrophes are no quotes
+     "concatenating the ranks' outputs gives the full layer's output [hidden]"),
 ])
 def test_hidden_messages_lose_every_value(message, redacted):
     assert trusted.redact(message) == redacted
