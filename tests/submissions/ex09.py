@@ -91,6 +91,14 @@ def tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2, group):
     hs[me], ws[me] = h, w2_shard                          # this rank's own pieces keep their autograd
     return F.linear(torch.cat(hs, -1), torch.cat(ws, -1)) + b2"""},
         "must_lose": ALL2, "must_keep": ALL1 + ALL3},
+    # 9.2: data parallelism's habit in g's backward: all-reduce the gradient and divide by t. Every rank already
+    # holds the whole dL/dy, so the gradients come out right, for one more all-reduce of (B, T, d) per step
+    "backward_all_reduce_divided_by_t": {"replace": {S2: edit(edit(
+        TP, "        total = partial.clone()", "        ctx.group = group\n        total = partial.clone()"),
+        "        return grad, None                              # every rank's loss is the same: dL/dpartial = dL/dy",
+        "        grad = grad.clone()\n        dist.all_reduce(grad, group=ctx.group)\n"
+        "        return grad / dist.get_world_size(ctx.group), None")},
+        "must_lose": ALL2, "must_keep": ALL1 + ALL3},
     # 9.3: every stage charged the whole model's activations per micro-batch (never divided by the stages)
     "forgets_to_divide": {"replace": {S3: edit(PIPE, "per_stage = bytes_per_microbatch // stages",
                                                "per_stage = bytes_per_microbatch")},

@@ -1,6 +1,6 @@
 """Exercise 09's judges: each rank's shards against the unsharded nn.Linear (task 9.1), every rank's output,
-gradients and forward traffic against the one-process MLP (task 9.2), and the per-stage bytes against a walk
-of the schedule (task 9.3). Messages teach and never show a hidden reference value."""
+gradients and the traffic of its forward and of its backward against the one-process MLP (task 9.2), and the
+per-stage bytes against a walk of the schedule (task 9.3). Messages teach and never show a hidden reference value."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def shard_judge(case, got):
                  atol=1e-5,
                  hint=". Rank r keeps output features r*out/t ... (r+1)*out/t - 1 (a contiguous "
                       "block of weight's rows, in order) and the matching block of the bias, so that "
-                      "concatenating the ranks' outputs gives the full layer's")
+                      "concatenating the ranks' outputs gives the full layer's output")
         return
     partial = sum(F.linear(row_input(x, r, t), w) for r, w in enumerate(ws))
     allclose(f"{_what(case)} the sum of the ranks' partial outputs without bias", partial, no_bias,
@@ -185,6 +185,26 @@ def _check_run(run, k, got):
                                  f"the (B, T, d) output sends with a ring ({allowed:,.0f} bytes): the Megatron MLP "
                                  f"needs one all-reduce of the output per forward and nothing else. All-gathering "
                                  f"the hidden activation (hidden = 4d) or every rank's partial output moves more")
+        _check_backward_traffic(run, what, g["backward_comm"])
+
+
+def _check_backward_traffic(run, what, comm):
+    """The backward's collectives, bounded as Megatron's MLP bounds them: g's backward (after the row-parallel
+    layer) is the identity and sends nothing; f's backward (before the column-parallel layer) all-reduces the
+    gradient of x, and only when x needs a gradient, which the grader's x (kit09.mlp_data) never does. So nothing
+    may be sent."""
+    sent = sum(ring_bytes_sent(c, v["bytes"], run["tp"]) for c, v in comm.items())
+    if sent > 0:
+        kinds = ", ".join(f"{c}: {v['calls']} call(s), {v['bytes']:,} bytes of payload"
+                          for c, v in sorted(comm.items()))
+        raise AssertionError(
+            f"{what}: the backward sent {sent:,.0f} bytes ({kinds}); the Megatron MLP's backward sends nothing here. "
+            f"Every rank computes the same loss from the same replicated output, so dL/dy is already whole on every "
+            f"rank and the backward of the forward's all-reduce (Megatron's g) is the identity: return the gradient "
+            f"unchanged, with no collective. All-reducing it and dividing by t (data parallelism's habit for "
+            f"gradients of different data) gives the same gradients for one more all-reduce per step. Only f, the "
+            f"identity before the column-parallel layer, all-reduces in the backward, the gradient of x, and the "
+            f"grader's x needs no gradient")
 
 
 def tp_judge(case, got):
