@@ -344,6 +344,7 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
         fb = nbgrader(course, "generate_feedback", ex.name, "--force")
         if fb.returncode != 0:
             log(f"warning: feedback generation failed:\n{fb.stderr[-2000:]}")
+        gradebook.name_test_cells(course.root / "autograder" / "feedback")
     log(f"exporting {course.root / 'grades.csv'}...")
     gradebook.export_csv(course, course.root / "grades.csv")
     return res

@@ -73,6 +73,16 @@ def autograded_notebook(exercise: Exercise, learner: dict, graded: Graded) -> di
     return nb
 
 
+def name_test_cells(feedback: Path) -> None:
+    """nbgrader's feedback pages list each graded cell as "Test cell": name it by its grade id (the task's id and
+    visible or hidden) instead, in every page under `feedback`."""
+    for page in feedback.rglob("*.html"):
+        html = page.read_text(encoding="utf-8")
+        named = re.sub(r'<a href="#([\w.-]+)">Test cell</a>', r'<a href="#\1">\1</a>', html)
+        if named != html:
+            page.write_text(named, encoding="utf-8")
+
+
 def _md(text: str) -> str:
     return re.sub(r"[`\r\n]+", " ", text)[:500]
 

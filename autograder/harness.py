@@ -30,6 +30,7 @@ import _thread
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -49,7 +50,16 @@ def _alarm(signum, frame):
 
 
 def _learner_error(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}"
+    """The error as the learner should read it: its type and message, and the line of the learner's cell it came
+    from (a syntax error's own line, or the last frame of the traceback that is a notebook cell)."""
+    text = re.sub(r" \(<ipython-input-[^>]*>, line \d+\)", "", f"{type(e).__name__}: {e}")
+    if isinstance(e, SyntaxError):
+        line = e.lineno
+    else:
+        cells = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith("<ipython-input-")]
+        line = cells[-1] if cells else None
+    if line:
+        text += f" (line {line} of the cell)"
     return text if len(text) < 2000 else text[:2000] + " ..."
 
 

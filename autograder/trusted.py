@@ -455,7 +455,25 @@ def grade_notebook(path: Path, exercise: Exercise, *, stage: Path, sandbox: Sand
                 f"the grading channel: {talk.unasked} line(s) the grader did not ask for (forged results?)"})
         graded.note = "; ".join(notes) or None
     judge_in_process(exercise.module, plan, points, results, graded, budget, fit_cache)
+    _errors_to_their_tasks(graded, talk.cell_errors)
     return graded
+
+
+def _errors_to_their_tasks(graded: Graded, cell_errors: list[dict]) -> None:
+    """An error raised by a task's own solution cell (a syntax error, a failed import) is that task's first
+    reason, in each of its rows that lost points, said once; it leaves the list of other cells' errors."""
+    first: dict[str, str] = {}
+    for e in cell_errors:
+        first.setdefault(str(e.get("where")), str(e.get("error"))[:MAX_REASON_CHARS])
+    routed = set()
+    for gid, (score, top) in graded.scores.items():
+        task = TEST_CELL.match(gid)["task"]
+        if task in first and score < top:
+            why = graded.reasons.get(gid, "")
+            tail_ = "" if not why or "does not define" in why else f" (then: {why})"
+            graded.reasons[gid] = f"your cell {task} raised {first[task]} when it ran: fix that first{tail_}"
+            routed.add(task)
+    graded.cell_errors = [c for c in graded.cell_errors if c.split(":", 1)[0] not in routed]
 
 
 def judge_in_process(module: str, plan: dict, points: dict, results: dict, graded: Graded,
@@ -565,8 +583,7 @@ def _judge(task: Task, case, result: dict | None, note: str | None) -> str | Non
         err = str(result["error"])
         if err.startswith("NotImplementedError"):
             return "not done yet: your code raised NotImplementedError"
-        return f"your code raised {err}" if not str(result["error"]).startswith("this check") \
-            else str(result["error"])
+        return err if err.startswith(("this check", "your notebook", "your code")) else f"your code raised {err}"
     if "value" not in result:
         return "no result came back for this check"
     try:

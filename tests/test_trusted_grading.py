@@ -302,6 +302,7 @@ def corpus(course, targets: dict[str, str]) -> dict[str, tuple[dict | str, float
         "duplicate_ids": (make(course, edit=duplicate_ids), FULL),
         "colab_nbformat5": (make(course, edit=colab_v5), FULL),
         "half_done": (make(course, softmax=None), 3),
+        "syntax_error": (make(course, "def storage_bytes(shape, dtype):\n    n = (1\n    return n"), 3),
         "malformed_json": ("{ \"cells\": [ this is not json", None),
         # -- escaping the in-process recorders: a thread or a process does the work
         "thread_does_the_work": (make(course, THREADED_STORAGE, THREADED_SOFTMAX), 0),
@@ -442,6 +443,12 @@ def no_trusted_file_is_within_reach(corpus_run):
 
 def feedback_teaches_without_leaking_hidden_tests(corpus_run):
     course = corpus_run["course"]
+    why = corpus_run["res"].reasons["syntax_error"]
+    for gid in ("task99_1_storage_bytes_visible", "task99_1_storage_bytes_hidden"):   # the error first, once, in
+        assert why[gid].startswith("your cell task99_1_storage_bytes raised SyntaxError"), why  # the task's rows
+        assert "line 2 of the cell" in why[gid] and "your code raised your" not in why[gid], why
+    page = (course.root / "autograder" / "feedback" / "syntax_error" / A / f"{A}.html").read_text()
+    assert ">task99_1_storage_bytes_visible</a>" in page and ">Test cell</a>" not in page, "tasks named in summary"
     nb = json.loads((course.root / "autograder" / "autograded" / "half_done" / A / f"{A}.ipynb").read_text())
     text = json.dumps(nb)
     assert "hidden=True" not in text, "hidden test source must not reach the feedback"
