@@ -11,6 +11,7 @@
     quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
     fitting/      will it fit: memlab.fit, memlab.fit_max, memlab.fit_search, memlab-fit (lesson 08)
     parallel/     tensor, sequence, pipeline and context parallelism                  (lesson 09)
+    planning/     lifetimes, static memory planning, layout, memory-aware design      (lesson 10)
     kit/          what the graded exercises' notebooks call (no grading code)
     plot, widgets figures and the calculator
 
@@ -27,7 +28,7 @@ from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_ba
 from .core.gpus import HEADROOM, usable_bytes
 from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .hardware.timing import copy_bandwidth, time_fn
-from . import attention, checkpointing, clinic, dist, parallel, plot, quant, widgets  # noqa: E402
+from . import attention, checkpointing, clinic, dist, parallel, planning, plot, quant, widgets  # noqa: E402
 # will it fit: transformers and peft load inside the functions; memlab.fit and memlab.fit_search are functions
 from .fitting import FitMax, FitResult, fit, fit_max, fit_presets, fit_search  # noqa: E402
 
@@ -37,7 +38,7 @@ __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "M
            "HEADROOM", "usable_bytes", "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth",
            "time_fn",
            "fit", "fit_search", "FitResult", "fit_presets", "fit_max", "FitMax",
-           "attention", "checkpointing", "clinic", "dist", "parallel", "plot", "quant", "widgets"]
+           "attention", "checkpointing", "clinic", "dist", "parallel", "planning", "plot", "quant", "widgets"]
 __version__ = "0.1.0"
 
 # Module paths from before memlab was grouped by technique, kept so that notebooks written against them (a
