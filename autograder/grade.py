@@ -375,8 +375,26 @@ def public_readme(text: str) -> str:
     """The learner's README: the full README's opening and the sections in PUBLIC_SECTIONS (no tests, no
     release, no solutions, no contributor's map)."""
     parts = re.split(r"(?m)^(?=## )", text)
-    keep = [parts[0]] + [p for p in parts[1:] if p[3:].startswith(PUBLIC_SECTIONS)]
-    return "".join(keep).rstrip() + "\n"
+    keep = "".join([parts[0]] + [p for p in parts[1:] if p[3:].startswith(PUBLIC_SECTIONS)])
+    return _without_missing(keep)
+
+
+_MISSING = r"`(?:tests|solutions)/[^`]*`|\btests/|course\.py test\b|CONTRIBUTING"
+
+
+def _without_missing(text: str) -> str:
+    """Markdown without what points at files a learner's copy does not hold (tests/, solutions/, the test command):
+    a clause after ';' inside parentheses goes, else the whole sentence; fenced code is left alone."""
+    out = []
+    for block in re.split(r"(\n\s*\n)", text):
+        if block.lstrip().startswith("```") or not re.search(_MISSING, block):
+            out.append(block)
+            continue
+        block = re.sub(rf";\s*[^;()]*(?:{_MISSING})[^;()]*(?=\))", "", block)
+        sentences = re.split(r"(?<=[.!?])(\s+)(?=[`A-Z(*])", block)
+        out.append("".join(x for x in sentences if not re.search(_MISSING, x)).rstrip(" \n") +
+                   ("\n" if block.endswith("\n") else ""))
+    return "".join(out)
 
 
 def cmd_public(dest: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import filecmp
 import json
+import re
+import subprocess
 
 import pytest
 
@@ -60,5 +62,26 @@ def test_public_copy_has_no_solutions(tmp_path):
     assert grade.assignments(pub / "exercises") == grade.assignments()
     readme = (pub / "README.md").read_text()
     assert "## Start" in readme and "## Doing an exercise" in readme and "memlab-grade check" in readme
-    for gone in ("## Test", "course.py test", "memlab-grade release", "## For instructors", "## Contributing"):
+    for gone in ("## Test", "course.py test", "memlab-grade release", "## For instructors", "## Contributing",
+                 "tests/", "solutions/", "CONTRIBUTING"):
         assert gone not in readme, f"the learner's README still says {gone!r}"
+    cut = re.search(r"\s\(\s*\)|;\s*\)|\(\s*;|\s\.\s", readme)     # what is cut leaves whole sentences behind
+    assert cut is None, readme[max(cut.start() - 80, 0):cut.end() + 80]
+
+
+def test_public_copy_holds_no_gradebook_flags_or_grades(tmp_path):
+    """A class run leaves the gradebook, its flags (learner ids and what they did) and grades.csv in the course;
+    none of them reaches the learners' copy, and git ignores all of them."""
+    made = [ROOT / "autograder" / "gradebook.db", ROOT / "autograder" / "gradebook-flags.json", ROOT / "grades.csv"]
+    fresh = [p for p in made if not p.exists()]
+    try:
+        for p in fresh:
+            p.write_text("{}")
+        grade.main(["public", str(tmp_path / "pub")])
+        names = {p.name for p in (tmp_path / "pub").rglob("*")}
+        assert not names & {"gradebook.db", "gradebook-flags.json", "flags.json", "grades.csv"}, names
+        ignored = subprocess.run(["git", "check-ignore", *map(str, made)], cwd=ROOT, capture_output=True, text=True)
+        assert len(ignored.stdout.split()) == len(made), ignored.stdout
+    finally:
+        for p in fresh:
+            p.unlink()
