@@ -59,12 +59,11 @@ def _gradescope_run(zip_path: Path, root: Path, notebook: dict | None, name: str
     return json.loads((root / "results" / "results.json").read_text())
 
 
-@pytest.mark.parametrize("who", ["solution", "wrong", "nothing"])
+@pytest.mark.parametrize("who", ["wrong", "nothing"])
 def test_run_autograder_scores_as_memlab_grade_check(built, who):
-    """The wrong submission is compared with memlab-grade check's own run; the solution with the score check gives
-    it (full marks: tests/test_trusted_grading.py), submitted under another name, as the only notebook of the
-    submission. (The blank release, and all three as Gradescope really runs them, in a container where bubblewrap
-    cannot run: tests/test_grading_in_containers.py.)"""
+    """The wrong submission is compared with memlab-grade check's own run. (The solution, the blank release and a
+    hostile notebook, as Gradescope really runs them, in a container where bubblewrap cannot run:
+    tests/test_grading_in_containers.py.)"""
     need_bwrap("grading runs learner code")
     course, zip_path, tmp = built
     nb = {"solution": make(course), "blank": make(course, None, None),
