@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-LAYOUTS = {   # bytes per element: weights, gradients, optimizer state (Rajbhandari et al. 2020, Sec. 3.1)
-    "bf16_adam": {"params": 2, "grads": 2, "optimizer": 4 + 4 + 4},      # fp32 master + momentum + variance
-    "fp32_adam": {"params": 4, "grads": 4, "optimizer": 4 + 4},          # momentum + variance
-}
 
 
 def _case(r, world, opt, *, groups, frozen, unused, shared, steps=3, gamma=None):
@@ -137,7 +133,7 @@ def mem_cases(hidden, r):
     if not hidden:
         return [{"numels": [4096, 64, 4096, 64, 1000, 10, 50257], "stage": 2, "world": 4, "layout": "bf16_adam"},
                 {"numels": [500, 400, 300, 300, 200], "stage": 3, "world": 2, "layout": "fp32_adam"}]
-    from .refs import zero_partition_loads      # drawn in the trusted grader only: run.py never imports refs
+    from .refs import LAYOUTS, zero_partition_loads      # drawn in the trusted grader only: run.py never imports refs
     layouts = ["bf16_adam", "fp32_adam", r.choice(list(LAYOUTS))]
     out = []
     for stage, layout in zip((1, 2, 3), layouts):

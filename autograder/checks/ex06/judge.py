@@ -8,7 +8,8 @@ import torch
 from memlab.kit.ex06 import Net, unique_params
 
 from ..common import allclose, expect_int, expect_type
-from .cases import LAYOUTS, not_largest_first
+from .cases import not_largest_first
+from .refs import LAYOUTS
 from .refs import reference_rank_bytes, reference_run
 
 

@@ -8,8 +8,6 @@ import torch
 
 from memlab.kit.ex06 import Net, batch, loss_fn, optimizer_cls, param_groups, scheduler, unique_params
 
-from .cases import LAYOUTS
-
 
 # ----------------------------------------------------------------------------- the reference: one process
 def reference_run(case):
@@ -63,6 +61,12 @@ def zero_partition_loads(numels: list[int], world: int) -> list[int]:
     if len(loads) != world or sum(loads) != sum(numels):
         raise RuntimeError(f"ZeroRedundancyOptimizer's partition of {numels} over {world} ranks gave {loads}")
     return loads
+
+
+LAYOUTS = {   # bytes per element: weights, gradients, optimizer state (Rajbhandari et al. 2020, Sec. 3.1)
+    "bf16_adam": {"params": 2, "grads": 2, "optimizer": 4 + 4 + 4},      # fp32 master + momentum + variance
+    "fp32_adam": {"params": 4, "grads": 4, "optimizer": 4 + 4},          # momentum + variance
+}
 
 
 def reference_rank_bytes(numels: list[int], stage: int, world: int, layout: str) -> dict[str, int]:
