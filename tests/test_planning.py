@@ -227,6 +227,9 @@ def test_topk_bytes_and_round_trip():
     assert 4 * n / topk_bytes(n, 0.1, 4, 4) == 5.0                         # int32 indices
     assert 4 * n / topk_bytes(n, 0.1, 4, 8) == pytest.approx(10 / 3)        # torch.topk's int64
     assert topk_bytes(10, 0.7, 1, 1) == 14                                  # ceil without float noise
+    assert topk_bytes(n, 0.1, 4, bitmap=True) == 4000 + 1250                # values + one bit per value
+    with pytest.raises(TypeError, match="bitmap"):
+        topk_bytes(n, 0.1, bitmap=1)
     t = torch.randn(50, 40)
     p = topk_pack(t, 0.1)
     assert p.nbytes == topk_bytes(t.numel(), 0.1) and p.indices.dtype == torch.int32

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.validate import int_at_least, one_of, pos_int
+from ..core.validate import flag, int_at_least, one_of, pos_int
 
 __all__ = ["TopK", "topk_pack", "topk_unpack", "topk_bytes", "TopKSavedActivations"]
 
@@ -61,6 +61,7 @@ def topk_bytes(numel: int, frac: float, value_bytes: int = 4, index_bytes: int =
     _frac(frac)
     pos_int("value_bytes", value_bytes)
     pos_int("index_bytes", index_bytes)
+    flag("bitmap", bitmap)
     k = _k(numel, frac)
     return k * value_bytes + (-(-numel // 8) if bitmap else k * index_bytes)
 
