@@ -1,5 +1,6 @@
 """Exercise 01's own check tests (tests/test_checks.py runs every exercise's solution and wrong submissions):
-memlab's tracker is refused inside the tasks that ask for the learner's own measurement."""
+memlab's tracker is refused inside the tasks that ask for the learner's own measurement, however it is reached;
+task 1.5's cases and its hidden feedback."""
 
 from __future__ import annotations
 
@@ -14,9 +15,89 @@ def test_tracker_is_refused_inside_the_tasks():
             pass
 
     import memlab
+    task = ex01.TASKS["task1_2_profile_phases"]
+    case = task.cases(False, None)[0]
     with pytest.raises(AssertionError, match="MemoryTracker is not allowed"):
-        ex01.TASKS["task1_2_profile_phases"].run(ex01.TASKS["task1_2_profile_phases"].cases(False, None)[0],
-                                                 profile_phases=profile_phases)
+        task.judge(case, task.run(case, profile_phases=profile_phases))
+
+
+def _live_bytes_variants():
+    """memlab's tracker passed off as task 1.1's LiveBytes: the class itself, a factory, and a mode of the task's
+    shape that delegates to one whose __enter__ was taken before the check ran."""
+    import memlab
+    from torch.utils._python_dispatch import TorchDispatchMode
+    enter, leave = memlab.MemoryTracker.__enter__, memlab.MemoryTracker.__exit__
+
+    class Delegating(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.t = memlab.MemoryTracker(timeline=False)
+
+        current = property(lambda self: self.t.current)
+        peak = property(lambda self: self.t.peak)
+
+        def reset_peak(self):
+            self.t.reset_peak()
+
+        def __enter__(self):
+            enter(self.t)
+            return self
+
+        def __exit__(self, *exc):
+            return leave(self.t, *exc)
+
+    return {"the class": memlab.MemoryTracker, "a factory": lambda: memlab.MemoryTracker(timeline=False),
+            "a delegating mode": Delegating}
+
+
+@pytest.mark.parametrize("variant", ["the class", "a factory", "a delegating mode"])
+def test_memlabs_tracker_is_not_a_live_bytes(variant):
+    """Each variant loses task 1.1 for what it is (memlab's tracker, whose numbers are right), in the visible case
+    and in a hidden draw."""
+    from autograder.checks.common import rng
+    from autograder.checks.ex01.judge import _live_judge
+    task = ex01.TASKS["task1_1_live_bytes"]
+    cls = _live_bytes_variants()[variant]
+    for case in task.cases(False, None) + task.cases(True, rng(True)):
+        got = task.run(case, LiveBytes=cls)
+        with pytest.raises(AssertionError, match="build the measurement yourself"):
+            _live_judge(case, got)
+
+
+def test_a_tracker_entered_through_a_captured_method_is_refused_in_tasks_1_2_to_1_4():
+    """forbid_memlab_tracker replaces MemoryTracker.__enter__; a method taken before that still reaches the
+    tracker, and the calls into memlab/core/track.py give it away."""
+    import memlab
+    enter, leave = memlab.MemoryTracker.__enter__, memlab.MemoryTracker.__exit__
+
+    def profile_phases(model, optimizer, x, y):
+        t = memlab.MemoryTracker(timeline=False)
+        enter(t)
+        leave(t, None, None, None)
+        return {"forward": 0, "backward": 0, "step": 0}
+
+    task = ex01.TASKS["task1_2_profile_phases"]
+    case = task.cases(False, None)[0]
+    with pytest.raises(AssertionError, match="build the measurement yourself"):
+        task.judge(case, task.run(case, profile_phases=profile_phases))
+
+
+def test_estimate_hidden_feedback_hides_the_measured_peak_and_still_teaches():
+    """A hidden 1.5 message as the grader shows it (the marked value hidden, then every number redacted) names
+    neither the measured peak nor the estimate, and says where the peak falls and which way the estimate is off."""
+    from autograder.checks.common import hide, mb, rng
+    from autograder.checks.ex01.judge import _estimate_judge
+    from autograder.checks.ex01.refs import measure_mlp_peak
+    from autograder.trusted import redact
+    case = ex01.TASKS["task1_5_estimate_peak"].cases(True, rng(True))[0]
+    want = measure_mlp_peak(*case)
+    for got, way in ((int(want * 0.8), "below"), (int(want * 1.2), "above")):
+        with pytest.raises(AssertionError) as e:
+            _estimate_judge(case, got)
+        shown = redact(hide(str(e.value)))
+        for secret in (str(want), mb(want), str(got), mb(got)):
+            assert secret not in shown, (secret, shown)
+        assert way in shown and "peak falls in the backward pass" in shown, shown
 
 
 def _phases(batch, d_in, width, depth, d_out, optimizer, first_step):

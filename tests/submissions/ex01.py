@@ -200,7 +200,71 @@ _ESTIMATE_NO_STATE_AT_FIRST_STEP = edit(edit(
 _ESTIMATE_NO_LATE_BACKWARD = edit(_ESTIMATE_STATE_AT_FIRST_STEP, "forward_backward = P + O + X + A",
                                   "forward_backward = P + (0 if first_step else O) + X + A")
 
+# memlab's own tracker under the exercise's name: it has current, peak and reset_peak already
+_LIVE_BYTES_IS_MEMLABS = '''
+class LiveBytes(memlab.MemoryTracker):
+    """memlab's tracker, counting CPU storages, as the exercise's LiveBytes."""
+    def __init__(self):
+        super().__init__(device="cpu", timeline=False)
+'''
+
+# memlab's tracker behind a wrapper of the exercise's shape, its __enter__ and __exit__ taken when the cell runs
+# (before any check switches the tracker off), and the same tracker doing task 1.4's accounting
+_LIVE_BYTES_WRAPS_MEMLABS = '''
+_enter, _exit = memlab.MemoryTracker.__enter__, memlab.MemoryTracker.__exit__
+
+
+class LiveBytes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self._tracker = memlab.MemoryTracker(device="cpu", timeline=False)
+
+    current = property(lambda self: self._tracker.current)
+    peak = property(lambda self: self._tracker.peak)
+
+    def reset_peak(self):
+        self._tracker.reset_peak()
+
+    def __enter__(self):
+        _enter(self._tracker)
+        return self
+
+    def __exit__(self, *exc):
+        return _exit(self._tracker, *exc)
+'''
+_BREAKDOWN_BY_MEMLABS_TRACKER = '''
+def category_breakdown(model, optimizer, x, y):
+    tracker = memlab.MemoryTracker(model, optimizer, timeline=False)
+    _enter(tracker)
+    try:
+        with memlab.phase("forward"):
+            loss = F.cross_entropy(model(x), y)
+        with memlab.phase("backward"):          # the forward's survivors are labelled activations here
+            activations = tracker.breakdown()["activations"] - loss.untyped_storage().nbytes()   # the scalar
+            loss.backward()
+        gradients = tracker.breakdown()["gradients"]
+        optimizer.step()
+        state = tracker.breakdown()["optimizer"]
+        optimizer.zero_grad(set_to_none=True)
+    finally:
+        _exit(tracker, None, None, None)
+    return {"parameters": sum(p.nbytes for p in model.parameters()), "gradients": gradients, "optimizer": state,
+            "activations": activations}
+'''
+
 WRONG = {
+    # memlab.MemoryTracker subclassed as LiveBytes: the lesson's tracker, not the learner's
+    "live_bytes_is_memlabs_tracker": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_IS_MEMLABS},
+                                      "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden",
+                                                    "task1_2_profile_phases_visible", "task1_2_profile_phases_hidden"]},
+    # memlab.MemoryTracker wrapped (its methods captured before the check could switch it off), for 1.1 and 1.4
+    "memlabs_tracker_wrapped": {"replace": {"task1_1_live_bytes": _LIVE_BYTES_WRAPS_MEMLABS,
+                                            "task1_4_category_breakdown": _BREAKDOWN_BY_MEMLABS_TRACKER},
+                                "must_lose": ["task1_1_live_bytes_visible", "task1_1_live_bytes_hidden",
+                                              "task1_2_profile_phases_visible", "task1_2_profile_phases_hidden",
+                                              "task1_4_category_breakdown_visible",
+                                              "task1_4_category_breakdown_hidden"],
+                                "must_keep": ["task1_3_saved_per_layer_hidden"]},
     # watches the output tensor object, not its storage: a detached alias keeps the storage alive unseen
     "weakref_on_the_tensor_not_the_storage": {"replace": {"task1_1_live_bytes": edit(
         _LIVE, "self._live[key] = weakref.ref(st, freed)", "self._live[key] = weakref.ref(t, freed)")},

@@ -1,8 +1,10 @@
 """Checks for exercise 01, "Build a memory profiler" (the contract: autograder/checks/common.py).
 
 Each task's `run` (run.py) builds its inputs from the case's seed and sizes, calls the
-learner's code in the learner's process (with memlab.MemoryTracker switched off
-inside tasks 1.2-1.4) and returns what it saw as plain data; `judge` (judge.py) computes the
+learner's code in the learner's process (memlab.MemoryTracker is not the learner's work:
+task 1.1 refuses it, a subclass of it and any call into memlab/core/track.py while the
+learner's mode runs; inside tasks 1.2-1.4 it is switched off and the same calls are
+refused) and returns what it saw as plain data; `judge` (judge.py) computes the
 reference in the grader (refs.py): byte bookkeeping for 1.1, memlab's tracker on a twin
 model for 1.2 and 1.4, the per-op saving rules for 1.3, and memlab's tracker on a
 real training step for 1.5.

@@ -75,6 +75,12 @@ def reference_breakdown(case) -> dict[str, int]:
 def measure_mlp_peak(batch, d_in, width, depth, d_out, optimizer, first_step, seed=0) -> int:
     """Peak bytes of one memlab.train_step of memlab.MLP (ReLU, cross-entropy,
     torch.optim with foreach=False), counting the input batch made for it."""
+    return measure_mlp_step(batch, d_in, width, depth, d_out, optimizer, first_step, seed)[0]
+
+
+def measure_mlp_step(batch, d_in, width, depth, d_out, optimizer, first_step, seed=0) -> tuple[int, str]:
+    """(peak bytes, the phase of memlab.train_step the peak falls in: "forward", "backward" or "step") of the step
+    `measure_mlp_peak` measures."""
     torch.manual_seed(seed)
     model = memlab.MLP(d_in, width, depth, d_out)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False) if optimizer == "adam" else \
@@ -90,4 +96,4 @@ def measure_mlp_peak(batch, d_in, width, depth, d_out, optimizer, first_step, se
         x, y = batch_()
         memlab.train_step(model, opt, x, y)
         del x, y
-    return tracker.peak
+    return tracker.peak, tracker.peak_phase
