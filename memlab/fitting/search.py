@@ -12,6 +12,7 @@ import sys
 import time
 
 from .config import check_config, read_config
+from .optimizers import trainer_default
 from .plan import CHOICES, FitResult, auto_precision, fit, fit_presets
 from ..core.gpus import HEADROOM
 from ..core.track import format_bytes
@@ -57,36 +58,58 @@ def _divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-# What practitioners turn on when the plain plan does not fit, cheapest first: each adds to the one before. The
-# chunked loss and the step in backward cost no extra time (the same FLOPs, in another order); paged optimizer state
-# costs its PCIe traffic when the driver evicts it (fit counts it in offload_bytes). The step in backward leaves no
-# room for gradient accumulation or ZeRO, so it is tried only with whole batches on one GPU. Activation offloading
-# comes last: it sends every saved activation over PCIe twice a step.
-EXTRAS = ({}, {"loss": "chunked"}, {"loss": "chunked", "step_in_backward": True},
-          {"loss": "chunked", "step_in_backward": True, "paged": True},
-          {"loss": "chunked", "step_in_backward": True, "paged": True, "activation_offload": True})
+# What practitioners turn on when the plain plan does not fit, cheapest first: each adds to the one before. The first
+# two cost no time: QLoRA's non-quantized parts (embeddings, norms, head) in 16 bits, as the QLoRA authors' script
+# casts them (QLoRA plans only), and the chunked loss (the same FLOPs in another order); they are tried at every
+# checkpointing level (FREE). The step in backward costs none either but leaves no room for gradient accumulation,
+# ZeRO or clipping by the global norm, so it is tried only with full checkpointing, whole batches and one GPU; paged
+# optimizer state costs its PCIe traffic when the driver evicts it (fit counts it in offload_bytes); activation
+# offloading comes last: it sends every saved activation over PCIe twice a step.
+EXTRAS = ({}, {"qlora_rest": "16bit"}, {"qlora_rest": "16bit", "loss": "chunked"},
+          {"qlora_rest": "16bit", "loss": "chunked", "step_in_backward": True},
+          {"qlora_rest": "16bit", "loss": "chunked", "step_in_backward": True, "paged": True},
+          {"qlora_rest": "16bit", "loss": "chunked", "step_in_backward": True, "paged": True,
+           "activation_offload": True})
+FREE = 3                      # EXTRAS[:FREE] cost no time: tried at every checkpointing level
+# ZeRO-Offload runs DeepSpeed's CPU Adam on the host: only the AdamW optimizers can be offloaded (fit refuses others)
+OFFLOADABLE = ("adamw", "adamw_fused", "adamw_forloop")
+
+
+def _extras_for(method: str, xs) -> list[dict]:
+    """The extras that mean something for `method` (the 16-bit rest is QLoRA's), without repeats, in order."""
+    out = []
+    for x in xs:
+        x = {k: v for k, v in x.items() if k != "qlora_rest" or method == "qlora"}
+        if x not in out:
+            out.append(x)
+    return out
 
 
 def extras_of(plan: dict) -> str:
     """The practitioner's options a plan turns on, as the search's table names them ("-" for none)."""
-    on = [name for key, name in (("loss", "chunked-loss"), ("step_in_backward", "step-in-bwd"), ("paged", "paged"),
-                                 ("activation_offload", "act-offload")) if plan.get(key) not in (None, False, "full")]
+    on = [name for key, name in (("qlora_rest", "16bit-rest"), ("loss", "chunked-loss"),
+                                 ("step_in_backward", "step-in-bwd"), ("paged", "paged"),
+                                 ("activation_offload", "act-offload"))
+          if plan.get(key) not in (None, False, "full", "fp32") and (key != "qlora_rest" or plan["method"] == "qlora")]
     return ",".join(on) or "-"
 
 
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
-               precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("adamw", "adamw8bit"),
+               precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("auto", "adamw8bit"),
                gpus=(1,), offload: bool = True, extras: bool = True, attention: str = "sdpa", lora_r: int = 16,
-               headroom: float = HEADROOM, limit: int = 10, progress=None) -> list[FitResult]:
+               target_seq: int | None = None, headroom: float = HEADROOM, limit: int = 10,
+               progress=None) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
 
     Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
-    small, they keep AdamW), checkpointing none/selective/full, micro-batches (gradient accumulation,
-    every divisor of `batch`), and for each number of GPUs in `gpus` ZeRO stage 0-3, with and without
-    optimizer offload (`offload=True`; on one GPU ZeRO is only tried with offload). With `extras=True`, a plan
-    with full checkpointing that does not fit is tried again with what practitioners add to it (`EXTRAS`, in
-    order: the chunked loss, then the optimizer step in backward, paged optimizer state, activation offloading);
-    the least-memory plan of a branch is the least of these.
+    small, they keep AdamW; "auto" is the Hugging Face Trainer's pick, fused AdamW on torch >= 2.8),
+    checkpointing none/selective/full, micro-batches (gradient accumulation, every divisor of `batch`), and for
+    each number of GPUs in `gpus` ZeRO stage 0-3, with and without optimizer offload (`offload=True`; only for
+    the AdamW optimizers, which DeepSpeed's CPU Adam runs; on one GPU ZeRO is only tried with offload). With
+    `extras=True`, a plan that does not fit is tried again with what practitioners add to it (`EXTRAS`, in order):
+    at every checkpointing level the ones that cost no time (QLoRA's non-quantized parts in 16 bits, the chunked
+    loss), with full checkpointing also the optimizer step in backward, paged optimizer state and activation
+    offloading; the least-memory plan of a branch is the least of these.
     `precision` is kept as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
 
     Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
@@ -110,6 +133,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     def say(line):
         if progress is not None:
             progress(f"[{time.perf_counter() - t0:5.0f} s] {line}")
+    if not isinstance(optimizers, str):
+        optimizers = tuple(trainer_default() if o == "auto" else o for o in optimizers)
     for name, vals, allowed in (("methods", methods, CHOICES["method"]),
                                 ("optimizers", optimizers, CHOICES["optimizer"])):
         if isinstance(vals, str) or not vals or any(v not in allowed for v in vals):
@@ -122,7 +147,7 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     name = model if isinstance(model, str) else cfg["model_type"]
     precision = auto_precision(gpu) if precision == "auto" else precision
     base = dict(batch=batch, seq=seq, precision=precision, attention=attention, lora_r=lora_r, headroom=headroom,
-                mode=mode)
+                mode=mode, target_seq=target_seq)
     found: list[FitResult] = []
 
     def keep(r):
@@ -139,38 +164,49 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
         for m in methods:
             if m == "qlora" and precision == "mixed":
                 continue
-            for opt in (optimizers if m == "full" else ("adamw",)):
+            paged_out = False                  # a full branch whose least plan, its state paged away, did not fit
+            for opt in (optimizers if m == "full" else (trainer_default(),)):
                 least = dict(base, method=m, optimizer=opt, checkpointing="full")
                 # each extra lowers the peak: the least plans are the last one without the step in backward
-                # (micro-batches of 1) and the last one of all (whole batches)
-                leasts = [EXTRAS[1], EXTRAS[-1]] if extras else EXTRAS[:1]
-                if not any(_shardings(cfg, gpu, gpus, offload, dict(least, micro_batch=_least_micro(x, batch), **x))
-                           for x in leasts):
+                # (micro-batches of 1) and the last one of all (whole batches); with a batch of 1 the last one
+                # holds less than the other, so it alone decides
+                leasts = _extras_for(m, ([EXTRAS[FREE - 1]] if batch > 1 else []) + [EXTRAS[-1]] if extras
+                                     else EXTRAS[:1])
+                if paged_out or not any(_shardings(cfg, gpu, gpus, offload,
+                                                   dict(least, micro_batch=_least_micro(x, batch), **x))
+                                        for x in leasts):
+                    # with the optimizer's state paged off the card, what is left (weights, one gradient at a time,
+                    # activations) is the same for every optimizer without step scratch: the next ones fail too
+                    paged_out = paged_out or (m == "full" and extras and batch == 1)
                     say(f"{m}, {opt}: even full checkpointing with micro-batches of 1 does not fit; skipped")
                     continue                   # not even its least-memory plan fits: skip the branch
                 say(f"{m}, {opt}: its least-memory plan fits; looking for a cheaper one")
                 fitted_micro = 0               # the largest micro-batch that fitted with weaker checkpointing
+                free = _extras_for(m, EXTRAS[:FREE] if extras else EXTRAS[:1])
+                # weaker checkpointing keeps more: when full checkpointing with the free extras does not fit the
+                # smallest micro-batch, neither does no or selective checkpointing (that run is needed below anyway)
+                strong = _shardings(cfg, gpu, gpus, offload, dict(least, micro_batch=None if batch == 1 else 1,
+                                                                  **free[-1]))
                 for ckpt in ("none", "selective", "full"):
-                    xs = EXTRAS if extras and ckpt == "full" else EXTRAS[:1]
+                    if ckpt != "full" and not strong:
+                        continue
+                    xs = _extras_for(m, EXTRAS) if extras and ckpt == "full" else free
 
                     def attempt(micro):
                         mb = None if micro == batch else micro
                         plan = dict(base, method=m, optimizer=opt, checkpointing=ckpt, micro_batch=mb)
-                        hits = []
-                        for x in xs:
-                            if x.get("step_in_backward") and micro != batch:
-                                continue            # no gradient accumulation with the step in backward
-                            hits = _shardings(cfg, gpu, gpus, offload, dict(plan, **x))
-                            if hits:
-                                break
+                        # no gradient accumulation with the step in backward
+                        hits = _first_fitting([x for x in xs if not (x.get("step_in_backward") and micro != batch)],
+                                              lambda x: _shardings(cfg, gpu, gpus, offload, dict(plan, **x)))
                         say(f"{m}, {opt}, checkpointing {ckpt}, micro-batch {micro}: "
                             + ("does not fit" if not hits else "fits" if extras_of(hits[0].plan) == "-"
                                else f"fits with {extras_of(hits[0].plan)}"))
                         return hits
                     micros = [d for d in _divisors_desc(batch) if d > fitted_micro]
-                    # without the extras a plan's peak grows with its micro-batch: when the smallest does not fit,
-                    # no larger one does (the extras break this: the step in backward needs whole batches)
-                    if len(xs) == 1 and len(micros) > 1 and not attempt(micros[-1]):
+                    # a plan's peak grows with its micro-batch: when the smallest does not fit, no larger one does
+                    # (the step in backward breaks this: it needs whole batches)
+                    in_bwd = any(x.get("step_in_backward") for x in xs)
+                    if not in_bwd and len(micros) > 1 and not attempt(micros[-1]):
                         continue
                     for micro in micros:
                         hits = attempt(micro)
@@ -183,6 +219,31 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
                         break
     found.sort(key=lambda r: (_METHOD_RANK[r.plan["method"]], r.plan["gpus"], r.cost["extra_seconds"]))
     return found[:limit]
+
+
+def _first_fitting(xs: list, hits_of) -> list:
+    """The hits of the first of `xs` that fits, each x adding to the one before (so each holds less): the first
+    alone when it fits, nothing when the last does not, else a bisection between them (a few runs, not one per x)."""
+    if not xs:
+        return []
+    seen = {}
+
+    def h(i):
+        if i not in seen:
+            seen[i] = hits_of(xs[i])
+        return seen[i]
+    if h(0) or len(xs) == 1:
+        return h(0)
+    if not h(len(xs) - 1):
+        return []
+    lo, hi = 1, len(xs) - 1                      # h(hi) fits, h(lo - 1) does not
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if h(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return h(lo)
 
 
 def _least_micro(extra: dict, batch: int) -> int | None:
@@ -200,7 +261,7 @@ def _shardings(cfg, gpu, gpus, offload, kw) -> list[FitResult]:
         if alone and n > 1:
             continue
         options = [(0, False)] if n == 1 else [(z, False) for z in (0, 1, 2, 3)]
-        if offload and not alone:
+        if offload and not alone and kw.get("optimizer") in OFFLOADABLE:
             options += [(z, True) for z in (1, 2, 3)]
         best = None
         for z, off in options:
@@ -237,7 +298,10 @@ HELP = {
                  "in bf16 (pure); fp16: the same bytes in fp16, for GPUs without bf16 tensor cores (T4, V100); "
                  "mixed: bf16 weights and gradients + fp32 master weights (DeepSpeed's bf16); auto: bf16, or fp16 "
                  "on a GPU without bf16",
-    "optimizer": "adamw: torch AdamW (2 states per weight); adamw8bit: bitsandbytes' 8-bit states; sgd: no state",
+    "optimizer": "the optimizer as run, its state and step scratch measured: adamw (torch, foreach), adamw_fused, "
+                 "adamw_forloop, sgd (no momentum), sgd_momentum, adafactor (transformers', as the HF Trainer "
+                 "makes it), adamw8bit and paged_adamw8bit (bitsandbytes); auto: what the Hugging Face Trainer "
+                 f"picks on this torch ({trainer_default()})",
     "checkpointing": "none; selective: keep matmul outputs, recompute the rest of each layer; full: keep only "
                      "each layer's input",
     "mode": "train: one optimizer step; inference: a prefill of batch x seq tokens into a KV cache",
@@ -259,9 +323,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target-seq", type=int, default=None,
                     help="an encoder-decoder's target length (labels and decoder input; default: --seq)")
     for opt in ("method", "precision", "optimizer", "checkpointing", "mode", "attention"):
-        default = dict(method="full", precision="auto", optimizer="adamw", checkpointing="none", mode="train",
+        default = dict(method="full", precision="auto", optimizer="auto", checkpointing="none", mode="train",
                        attention="sdpa")[opt]
-        choices = CHOICES[opt] + (("auto",) if opt == "precision" else ())
+        choices = CHOICES[opt] + (("auto",) if opt in ("precision", "optimizer") else ())
         ap.add_argument(f"--{opt}", choices=choices, default=default, help=f"{HELP[opt]} (default {default})")
     ap.add_argument("--zero", type=int, choices=CHOICES["zero"], default=0,
                     help="ZeRO stage on --gpus data-parallel ranks: 1 shards optimizer states, 2 also gradients, "
@@ -341,7 +405,7 @@ def main(argv=None) -> int:
                   f"here; --no-search skips this)...", flush=True)
             plans = fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
                                precision=args.precision, gpus=sorted({1, args.gpus}), attention=args.attention,
-                               lora_r=args.lora_r, headroom=args.headroom,
+                               lora_r=args.lora_r, target_seq=args.target_seq, headroom=args.headroom,
                                progress=lambda line: print("  " + line, flush=True))
             print("cheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
             print(format_plans(plans))
