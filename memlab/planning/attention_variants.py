@@ -4,7 +4,7 @@ non-causal and take q, k, v of shape (B, H, T, d).
 
   exact      softmax(q k^T / sqrt(d)) v                        keeps P: B*H*T*T values per layer
   local      each block of `window` queries attends to its own block and the two next to it (Longformer's
-             sliding window, Beltagy et al. 2020, computed in blocks as in its chunked implementation)
+             sliding window, Beltagy et al. 2020, in BigBird's blocked form, Zaheer et al. 2020)
                                                                keeps B*H*T*3*window probabilities
   linear     phi(q) (phi(k)^T v) / (phi(q) phi(k)^T 1), phi = elu + 1 (Katharopoulos et al. 2020, "Transformers
              are RNNs"): no T x T matrix at all; a (d, d) state per head (the causal form needs a running state
@@ -67,7 +67,7 @@ def local_attention(q, k, v, window: int):
 
 
 def linear_attention(q, k, v, eps: float = 1e-6):
-    """Kernelized attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020, eq. 4-6), non-causal."""
+    """Kernelized attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020), non-causal."""
     _check(q, k, v)
     qf, kf = F.elu(q) + 1, F.elu(k) + 1                                   # (B, H, T, d), positive features
     kv = torch.einsum("bhtd,bhte->bhde", kf, v)                           # (B, H, d, d): the whole "memory"
