@@ -8,7 +8,7 @@
     memlab-grade gradescope -a ASSIGNMENT OUT         a Gradescope autograder zip running the same checks
                                                       and sandbox (large classes; autograder/gradescope.py)
 
-(`python -m autograder.grade ...` is the same.) Scores are decided by trusted code
+(the command line is autograder/cli.py; `python -m autograder ...` is the same.) Scores are decided by trusted code
 in this process: each learner's code runs in its own sandbox (autograder/sandbox.py)
 that returns plain data, which is judged here against the checks' own references
 (autograder/trusted.py). Only this process writes the gradebook, feedback and CSV,
@@ -17,7 +17,6 @@ after the learner's sandbox has ended. See autograder/README.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -413,42 +412,3 @@ def cmd_public(dest: str) -> None:
             shutil.copy(src, out / name)
     (out / "README.md").write_text(public_readme((ROOT / "README.md").read_text()))
     print(f"learner-facing copy in {out}: lessons, exercises, memlab, the checks; no solutions/ and no tests/")
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="memlab-grade", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("release", help="regenerate exercises/ from solutions/")
-    r.add_argument("assignments", nargs="*", help="default: all")
-    c = sub.add_parser("check", help="grade one notebook and print a per-task score table with reasons")
-    c.add_argument("notebook")
-    c.add_argument("-a", "--assignment", help="the assignment, when the file was renamed")
-    c.add_argument("--timeout", type=float, default=1800, help="seconds for the whole notebook (default 1800)")
-    k = sub.add_parser("class", help="grade a folder of submissions (instructors)")
-    k.add_argument("submissions")
-    k.add_argument("-a", "--assignment", required=True, help=f"one of {assignments()}")
-    k.add_argument("--timeout", type=float, default=1800, help="seconds per learner (default 1800)")
-    k.add_argument("--jobs", type=int, default=1, help="learners graded at once (default 1)")
-    k.add_argument("--memory-gb", type=float, default=6, help="memory per learner in GiB (default 6)")
-    u = sub.add_parser("public", help="write the learner-facing copy of the course (no solutions) to DEST")
-    u.add_argument("dest")
-    g = sub.add_parser("gradescope", help="write OUT/ASSIGNMENT-gradescope.zip: a Gradescope autograder running "
-                                          "the same checks and sandbox (large classes)")
-    g.add_argument("out")
-    g.add_argument("-a", "--assignment", required=True, help=f"one of {assignments()}")
-    a = p.parse_args(argv)
-    if a.cmd == "release":
-        cmd_release(a.assignments)
-    elif a.cmd == "check":
-        cmd_check(a.notebook, a.assignment, a.timeout)
-    elif a.cmd == "class":
-        cmd_class(a.submissions, a.assignment, a.timeout, a.jobs, a.memory_gb)
-    elif a.cmd == "gradescope":
-        from .gradescope import build
-        build(a.assignment, Path(a.out))
-    else:
-        cmd_public(a.dest)
-
-
-if __name__ == "__main__":
-    main()

@@ -242,7 +242,7 @@ def stage_course_code(dst: Path) -> Path:
 def python_binds() -> list[Path]:
     """Folders the sandbox needs to run this Python with its packages (read-only): the interpreter's prefixes and
     the package folders on sys.path (site-packages, dist-packages, eggs). Never the current folder, this course
-    or a folder that holds it, so `python -m autograder.grade` run from anywhere sees exactly what
+    or a folder that holds it, so `python -m autograder` run from anywhere sees exactly what
     `memlab-grade` sees. (A copy of the grader installed into site-packages is masked in the sandbox.)"""
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     for p in sys.path:

@@ -245,7 +245,7 @@ def test_server_path_starts_with_the_course_environment():
     assert parts[0] == str(course.BIN) and parts[1:] == ["/usr/bin", "/bin"]
     assert env["VIRTUAL_ENV"] == str(course.VENV) and "PYTHONHOME" not in env
     assert (course.BIN / "memlab-grade").name == "memlab-grade"  # the script pyproject installs there
-    assert 'memlab-grade = "autograder.grade:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'memlab-grade = "autograder.cli:main"' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_learner_and_instructor_servers_differ_only_where_they_should(tmp_path):

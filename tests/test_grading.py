@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from _nb import ROOT
-from autograder import grade
+from autograder import cli, grade
 from test_trusted_grading import A, drill_course, make
 
 pytestmark = pytest.mark.slow
@@ -50,11 +50,11 @@ def test_check_rejects_a_notebook_of_no_exercise(tmp_path):
     bogus = tmp_path / "homework.ipynb"
     bogus.write_text(json.dumps({"cells": [], "nbformat": 4, "nbformat_minor": 5, "metadata": {}}))
     with pytest.raises(SystemExit, match="does not match any exercise"):
-        grade.main(["check", str(bogus)])
+        cli.main(["check", str(bogus)])
 
 
 def test_public_copy_has_no_solutions(tmp_path):
-    grade.main(["public", str(tmp_path / "pub")])
+    cli.main(["public", str(tmp_path / "pub")])
     pub = tmp_path / "pub"
     assert (pub / "exercises").is_dir() and (pub / "lessons").is_dir() and (pub / "memlab").is_dir()
     assert not (pub / "solutions").exists() and not (pub / "tests").exists()
@@ -77,7 +77,7 @@ def test_public_copy_holds_no_gradebook_flags_or_grades(tmp_path):
     try:
         for p in fresh:
             p.write_text("{}")
-        grade.main(["public", str(tmp_path / "pub")])
+        cli.main(["public", str(tmp_path / "pub")])
         names = {p.name for p in (tmp_path / "pub").rglob("*")}
         assert not names & {"gradebook.db", "gradebook-flags.json", "flags.json", "grades.csv"}, names
         ignored = subprocess.run(["git", "check-ignore", *map(str, made)], cwd=ROOT, capture_output=True, text=True)

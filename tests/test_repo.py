@@ -145,7 +145,7 @@ def test_the_wheel_and_sdist_build_and_the_wheel_works_outside_the_repository(tm
     out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
                           str(site), str(wheels[0])], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    probe = ("import sys, pathlib, memlab, autograder.grade\n"
+    probe = ("import sys, pathlib, memlab, autograder.cli\n"
              "assert pathlib.Path(memlab.__file__).is_relative_to(sys.argv[1]), memlab.__file__\n"
              "from memlab.core.texts import shipped_text\nassert len(shipped_text()) > 1000\n"
              "from memlab.fitting.plan import load_config\nload_config('llama-2-7b')\nprint('ok')")
