@@ -26,7 +26,7 @@ def main(argv=None):
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/README.md")
     args = ap.parse_args(argv)
-    paths = [Path(p) for p in args.paths] or sorted((ROOT / "lessons").glob("*.ipynb")) + \
+    paths = [Path(p).resolve() for p in args.paths] or sorted((ROOT / "lessons").glob("*.ipynb")) + \
         sorted((ROOT / "solutions").glob("*/*.ipynb"))
     rows = ["| notebook | seconds | result |", "|---|---|---|"]
     print("\n".join(rows))
