@@ -52,3 +52,17 @@ def test_the_extras_go_from_free_to_dear_and_are_searched_by_bisection():
     assert _first_fitting(list(range(6)), hits_of) == ["hit"] and tried[:2] == [0, 5] and len(tried) <= 4
     tried.clear()
     assert _first_fitting(list(range(6)), lambda x: tried.append(x) or []) == [] and tried == [0, 5]
+
+
+def test_offload_charges_the_cpu_adamw_step_at_the_hosts_memory_bandwidth():
+    """ZeRO-Offload runs AdamW on the CPU: 30 bytes per trainable parameter read and written in host memory (fp32
+    gradient, master and moments read, master and moments and the 16-bit copy written), charged at the host's
+    bandwidth on top of the PCIe traffic."""
+    from memlab.fitting.search import HOST_BANDWIDTH, extra_seconds
+    r = memlab.fit(WIDE, 1, seq=64, precision="mixed", zero=2, gpus=2, offload=True)
+    assert r.cost["host_step_bytes"] == 30 * -(-r.trainable // 2)
+    parts = extra_seconds(r, parts=True)
+    assert parts["host_step"] == r.cost["host_step_bytes"] / HOST_BANDWIDTH > 0
+    assert extra_seconds(r, parts=True, host_bandwidth=HOST_BANDWIDTH / 2)["host_step"] == 2 * parts["host_step"]
+    assert "the CPU's AdamW step reads and writes" in str(r)
+    assert memlab.fit(WIDE, 1, seq=64, precision="mixed", zero=2, gpus=2).cost["host_step_bytes"] == 0

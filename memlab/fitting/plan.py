@@ -229,7 +229,9 @@ class FitResult:
                          f"ZeRO/DP traffic {format_bytes(c['comm_bytes'])}"
                          f" per rank, {c['steps_per_batch']} micro-batch(es)"
                          + (f", QLoRA dequantization {format_bytes(c['dequant_bytes'])} of DRAM traffic"
-                            if c.get("dequant_bytes") else ""))
+                            if c.get("dequant_bytes") else "")
+                         + (f", the CPU's AdamW step reads and writes {format_bytes(c['host_step_bytes'])} of host "
+                            f"memory" if c.get("host_step_bytes") else ""))
         return "\n".join(lines)
 
 

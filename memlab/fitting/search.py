@@ -29,19 +29,30 @@ def _sheet(gpu_name: str):
     return next((v for k, v in GPU_SPECS.items() if gpu_name.startswith(k)), GPU_SPECS["L4-24GB"])
 
 
-def extra_seconds(r: FitResult, parts: bool = False):
+# The host's memory bandwidth the CPU AdamW step of ZeRO-Offload is charged at when none is given: two channels of
+# DDR4-3200, 2 x 3200 MT/s x 8 bytes = 51.2 GB/s (JEDEC JESD79-4 data rates), a common workstation; pass the one
+# measured on your host (memlab.copy_bandwidth on "cpu"; lesson 08 does) to extra_seconds.
+HOST_BANDWIDTH = 51.2e9
+
+
+def extra_seconds(r: FitResult, parts: bool = False, host_bandwidth: float = HOST_BANDWIDTH):
     """The search's cost model: extra seconds per optimizer step a plan spends beside a plain step, from
     the data sheet of the GPU (`memlab.gpu_specs`; L4-24GB's figures for a GPU not listed there):
 
       recompute_flops / dense 16-bit tensor-core FLOP/s (fp32 precision: TF32, or FP32 without TF32)
       + offload_bytes / PCIe bandwidth of one direction (the data sheet's figure, both directions, / 2)
+      + host_step_bytes / host_bandwidth (ZeRO-Offload's AdamW step on the CPU: the bytes it must read and write
+        in host memory, `memlab.fitting.run.plan_cost`; host_bandwidth in bytes/s, HOST_BANDWIDTH by default)
       + comm_bytes / NVLink bandwidth of one direction (PCIe where the card has no NVLink)
       + (steps_per_batch - 1) * 3 * weight bytes / DRAM bandwidth (each extra micro-batch reads the
         weights again in forward, backward and the gradient accumulation)
       + dequant_bytes / DRAM bandwidth (QLoRA's dequantization of its 4-bit base before each use)
     Peak rates: real runs are slower, so these are lower bounds, good for ranking, not for timing.
-    With parts=True: {"recompute", "offload", "comm", "micro_batches", "dequant"} seconds instead of their sum.
+    With parts=True: {"recompute", "offload", "host_step", "comm", "micro_batches", "dequant"} seconds instead of
+    their sum.
     """
+    if not (isinstance(host_bandwidth, (int, float)) and not isinstance(host_bandwidth, bool) and host_bandwidth > 0):
+        raise ValueError(f"host_bandwidth must be a positive number of bytes/s, got {host_bandwidth!r}")
     s = _sheet(r.gpu)
     flops = (s.tf32_tensor or s.fp32) if r.plan["precision"] == "fp32" else (s.bf16_tensor or s.fp16_tensor)
     link = (s.nvlink_bandwidth or s.pcie_bandwidth) / 2
@@ -49,6 +60,7 @@ def extra_seconds(r: FitResult, parts: bool = False):
     weights = r.model_states.get("parameters", 0) * r.plan["gpus"] if r.plan["zero"] == 3 else \
         r.model_states.get("parameters", 0)
     out = {"recompute": c["recompute_flops"] / flops, "offload": c["offload_bytes"] / (s.pcie_bandwidth / 2),
+           "host_step": c.get("host_step_bytes", 0) / host_bandwidth,
            "comm": c["comm_bytes"] / link, "micro_batches": (c["steps_per_batch"] - 1) * 3 * weights / s.dram_bandwidth,
            "dequant": c.get("dequant_bytes", 0) / s.dram_bandwidth}
     return out if parts else sum(out.values())
