@@ -66,6 +66,26 @@ def test_index_is_the_readme_syllabus():
         build.index_page("# no syllabus here\n", "")
 
 
+def test_the_site_check_finds_build_paths_process_ids_and_foreign_installs(tmp_path):
+    """build.site_problems on pages that show what the site must not: a path of the build machine, a profiler
+    line with process ids, a library's "pip install kernels"; a package the course uses may be named."""
+    html = tmp_path / "out" / "_build" / "html"
+    (html / "lessons").mkdir(parents=True)
+    bad = (f"<p>{ROOT}/.venv/lib/python3.11/site-packages/torch/utils/checkpoint.py:238: UserWarning</p>"
+           "<pre>USDT:2026-11-28 13:58:45 8875:8875 SyncActivityProfilerHandler.cpp:52] profiler_start</pre>"
+           "<pre>Failed to load CPU gemm_4bit_forward: Please make sure you already `pip install kernels`</pre>")
+    (html / "lessons" / "bad.html").write_text(f"<html><body>{bad}</body></html>")
+    (html / "lessons" / "good.html").write_text("<html><script>var p = '/.venv/';</script><body><p>`pip install "
+                                                "flash-attn --no-build-isolation` installs it; `pip install -q "
+                                                "gpu-memory-lab[qlora]`</p></body></html>")
+    found = build.site_problems(html)
+    assert all(f.startswith("lessons/bad.html: ") for f in found), found
+    said = " | ".join(found)
+    for what in ("the course's folder on the build machine", "a Python environment's path", "a process id",
+                 "tells readers to install kernels"):
+        assert what in said, (what, found)
+
+
 def test_book_command_is_wired_into_course_py(capsys):
     import course
     assert "book" in course.COMMANDS
@@ -159,6 +179,15 @@ def test_every_page_is_built_with_its_images_links_and_colab_button(site):
 
 
 @pytest.mark.slow
+def test_the_site_shows_no_build_machine_paths_process_ids_or_foreign_installs(site):
+    """Outputs carry what the lesson printed: no path of the machine that built the site, no process ids, no
+    library telling readers to install a package the course does not use (fixed where they come from: memlab's
+    NOISE, the lesson's own code)."""
+    found = build.site_problems(site)
+    assert not found, "\n".join(found[:20])
+
+
+@pytest.mark.slow
 def test_executed_lesson_has_its_figures_and_exercises_have_no_solutions(site):
     lesson = next(site.glob(f"lessons/{FAST_LESSON}_*.html"))
     figures = [s for s in _parse(lesson).imgs if "_images/" in s]
@@ -193,30 +222,86 @@ def test_pages_render_their_figures_in_headless_chromium(site):
         pytest.skip("no browser check: no Chromium on this machine (Debian/Ubuntu: apt-get install chromium); the "
                     "HTML parser checks above still ran")
     problems, seen_figures = [], 0
+    titles = {p.removesuffix(".ipynb"): _notebook_title(ROOT / p) for p in build.course_notebooks()}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
         try:
-            page = browser.new_page()
-            failed: list[str] = []
-            page.on("requestfailed", lambda r: failed.append(r.url) if r.url.startswith("file:") else None)
-            for path in _pages(site):
-                failed.clear()
-                page.goto(path.as_uri(), wait_until="load")
-                imgs = page.evaluate("""() => Array.from(document.images).map(i => ({src: i.currentSrc || i.src,
-                                       ok: i.complete && i.naturalWidth > 0}))""")
-                for img in imgs:
-                    if img["src"].startswith("file:"):
-                        seen_figures += "/_images/" in img["src"]
-                        if not img["ok"]:
-                            problems.append(f"{path.relative_to(site)}: image did not render: {img['src']}")
-                problems += [f"{path.relative_to(site)}: could not load {u}" for u in failed]
-                title = page.title()
-                if not title or "404" in title:
-                    problems.append(f"{path.relative_to(site)}: no title ({title!r})")
+            # a laptop's window for every page; a phone's (390 px) for the index and the lessons
+            for width, height, pages in ((1280, 800, _pages(site)),
+                                         (390, 844, [q for q in _pages(site) if "exercises" not in q.parts])):
+                page = browser.new_page(viewport={"width": width, "height": height})
+                failed: list[str] = []
+                errors: list[str] = []
+                page.on("requestfailed", lambda r: failed.append(r.url) if r.url.startswith("file:") else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))       # an uncaught script error
+                for path in pages:
+                    failed.clear()
+                    errors.clear()
+                    where = f"{path.relative_to(site)} at {width} px"
+                    page.goto(path.as_uri(), wait_until="load")
+                    look = page.evaluate(_LOOK)
+                    for img in look["imgs"]:
+                        if img["src"].startswith("file:"):
+                            seen_figures += "/_images/" in img["src"]
+                            if not img["ok"]:
+                                problems.append(f"{where}: image did not render: {img['src']}")
+                            elif img["right"] > look["main_right"] + 1:
+                                problems.append(f"{where}: image wider than the text column: {img['src']}")
+                    problems += [f"{where}: could not load {u}" for u in failed]
+                    problems += [f"{where}: script error: {e}" for e in errors]
+                    if look["scroll_width"] > look["width"] + 1:
+                        problems.append(f"{where}: the page is {look['scroll_width']} px wide, wider than the "
+                                        f"window: it scrolls sideways")
+                    title = page.title()
+                    if not title or "404" in title:
+                        problems.append(f"{where}: no title ({title!r})")
+                    rel = path.relative_to(site).as_posix().removesuffix(".html")
+                    if rel in titles and _plain(look["h1"].rstrip("#")) != _plain(titles[rel]):
+                        problems.append(f"{where}: heading {look['h1']!r}, the notebook's title is {titles[rel]!r}")
+                    if rel.startswith("lessons/"):
+                        if not look["code_cells"] or look["highlighted"] < look["code_cells"]:
+                            problems.append(f"{where}: {look['code_cells']} code cells, {look['highlighted']} "
+                                            "highlighted")
+                        if look["stderr"]:
+                            problems.append(f"{where}: {look['stderr']} output(s) on stderr (library noise?)")
+                    if rel.startswith(f"lessons/{FAST_LESSON}_") and not look["outputs"]:
+                        problems.append(f"{where}: the executed lesson shows no outputs")
+                page.close()
         finally:
             browser.close()
     assert not problems, "\n".join(problems[:40])
     assert seen_figures, "no figure was rendered on any page"
+
+
+# what a reader sees, measured in the browser: the page's width against the window, the title, code cells and
+# their syntax highlighting, outputs (stderr ones counted), images and the text column's right edge
+_LOOK = """() => {
+  const main = document.querySelector('main') || document.body;
+  const r = main.getBoundingClientRect();
+  return {
+    width: window.innerWidth, scroll_width: document.documentElement.scrollWidth,
+    h1: (document.querySelector('main h1') || {textContent: ''}).textContent.trim(),
+    code_cells: document.querySelectorAll('.cell .cell_input').length,
+    highlighted: document.querySelectorAll('.cell .cell_input .highlight').length,
+    outputs: document.querySelectorAll('.cell_output').length,
+    stderr: document.querySelectorAll('.cell_output .stderr').length,
+    main_right: r.right,
+    imgs: Array.from(document.images).map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0,
+                                                 right: i.getBoundingClientRect().right})),
+  };
+}"""
+
+
+def _plain(title: str) -> str:
+    """A heading as text: Sphinx's typographic quotes and markdown's code and emphasis marks left out."""
+    for fancy, plain in (("\u2019", "'"), ("\u2018", "'"), ("\u201c", '"'), ("\u201d", '"')):
+        title = title.replace(fancy, plain)
+    return " ".join(title.replace("`", "").replace("*", "").split())
+
+
+def _notebook_title(path: Path) -> str:
+    import nbformat
+    return nbformat.read(path, as_version=4).cells[0].source.splitlines()[0].removeprefix("# ").strip()
 
 
 def test_staged_config_runs_only_the_lessons_asked_for(tmp_path):
