@@ -104,7 +104,7 @@ def _amp_step(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, m
 def test_amp_memory_case_separates_one_graph_from_all(seed):
     """The step-peak bound (reference peak + half a micro-batch's graph) has room for a correct step and none for
     one that keeps every micro-batch's graph until a single backward, in every draw."""
-    cases = [c for c in amp_cases(True, random.Random(seed)) if c["memory"]]
+    cases = [c for c in amp_cases(True, random.Random(seed)) if c["memory"] and not c.get("watched")]
     assert len(cases) == 1 and cases[0]["micro"] >= 3
     c = cases[0]
     ref = reference_amp(c)
@@ -119,3 +119,75 @@ def test_amp_run_records_the_forward_dtype_and_device_type():
     c = [c for c in amp_cases(True, random.Random(0)) if c["dtype"] == "bfloat16"][0]
     got = amp_run(c, _amp_step)
     assert got["forward"] == [["bfloat16", ["cpu"]]]
+
+
+# ----------------------------------------------------------------------------- the step as if on CUDA
+def test_the_step_as_if_on_cuda_follows_its_inputs():
+    """The model and micro-batches report cuda:0 (their arithmetic on the CPU): a step that takes autocast's device
+    type from its inputs runs its Linear layers in the dtype it is given; one that names "cpu" asks for "cpu" and
+    runs them in fp32, as it would on a GPU."""
+    from autograder.checks.ex03.run import amp_on_cuda
+    c = amp_cases(False, random.Random(0))[0]
+    assert amp_on_cuda(c, _amp_step) == {"autocast": ["cuda"], "forward": [c["dtype"]]}
+
+    def on_cpu(model, optimizer, scaler, micro_batches, *, dtype=torch.float16, max_norm=None):
+        for x, y in micro_batches:
+            assert x.device.type == "cuda" and next(model.parameters()).is_cuda
+            with torch.autocast("cpu", dtype=dtype):
+                loss = model(x, y) / len(micro_batches)
+            scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return 0.0
+    assert amp_on_cuda(c, on_cpu) == {"autocast": ["cpu"], "forward": ["float32"]}
+    assert torch.amp.autocast_mode.autocast.__init__.__qualname__ == "autocast.__init__"   # put back
+
+
+# ----------------------------------------------------------------------------- the watched case, from outside
+def test_every_hidden_draw_has_one_watched_step_that_fp32_would_outgrow_by_150_mib():
+    """One watched case per draw. Measured with memlab's tracker in this process: the reference step's peak growth,
+    and the same step run without autocast (fp32 activations), which grows by 150 MiB more."""
+    from memlab.core.track import MemoryTracker
+    from autograder.checks.ex03.inputs import amp_setup
+    watched = [c for c in amp_cases(True, random.Random(3)) if c.get("watched")]
+    assert len(watched) == 1
+    c = watched[0]
+    growth = {}
+    for name, step in (("amp", _amp_step), ("fp32", _fp32_step)):
+        model, opt, scaler, batches = amp_setup(c)
+        tracker = MemoryTracker(model, opt, timeline=False)
+        with tracker:
+            before = tracker.current
+            step(model, opt, scaler, batches[0], dtype=torch.bfloat16)
+            growth[name] = tracker.peak - before
+    assert growth["fp32"] - growth["amp"] >= 150 * 2**20, growth
+
+
+def _fp32_step(model, optimizer, scaler, micro_batches, *, dtype=None, max_norm=None):
+    """The step without autocast: activations in fp32."""
+    for x, y in micro_batches:
+        (model(x, y) / len(micro_batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return 0.0
+
+
+def test_corroborate_flags_a_window_the_tracker_did_not_see():
+    """judge.corroborate with made-up runs: an honest watched step (window = the tracker's peak, the inputs and a
+    little) is not flagged; a window of the step's size while the tracker saw nothing is; a case without a window
+    (growth None) and a small case are never flagged."""
+    from autograder.checks.ex03.cases import input_bytes
+    from autograder.checks.ex03.judge import corroborate
+    cases = amp_cases(True, random.Random(5))
+    (w,) = [c for c in cases if c.get("watched")]
+    small = cases[0]
+    MiB = 2**20
+    seen, inputs = 151 * MiB, input_bytes(w)
+    honest = {"peak_growth": [seen]}
+    assert corroborate([("task3_2_amp_step", w, honest, seen + inputs + 8 * MiB)]) == []
+    assert corroborate([("task3_2_amp_step", w, {"peak_growth": [0]}, 158 * MiB)])           # hidden from it
+    assert corroborate([("task3_2_amp_step", w, {"peak_growth": [seen]}, 2 * (seen + inputs) + 65 * MiB)])
+    assert corroborate([("task3_2_amp_step", w, {"peak_growth": [0]}, None)]) == []
+    assert corroborate([("task3_2_amp_step", small, {"peak_growth": [0]}, 500 * MiB)]) == []
+    assert corroborate([("task3_2_amp_step", w, None, 500 * MiB)]) == []                    # the case raised

@@ -208,6 +208,16 @@ _ONE_BACKWARD_ON_SUMMED_LOSS = _AMP.replace('''    total = 0.0
 _ALWAYS_FP16 = _amp(forward=_AUTOCAST_FORWARD.replace("dtype=dtype", "dtype=torch.float16"))
 # device_type hard-coded to "cuda": on any other device autocast is off and the forward runs in fp32
 _CUDA_AUTOCAST = _amp(forward=_AUTOCAST_FORWARD.replace("x.device.type", '"cuda"'))
+# device_type hard-coded to "cpu": right on the CPU, but on a GPU autocast("cpu") leaves the CUDA ops in fp32
+_CPU_AUTOCAST = _amp(forward=_AUTOCAST_FORWARD.replace("x.device.type", '"cpu"'))
+# device_type from the notebook's own `device` (memlab.pick_device(): the machine, not the inputs)
+_NOTEBOOK_DEVICE_AUTOCAST = _amp(forward=_AUTOCAST_FORWARD.replace("x.device.type", "device.type"))
+# correct, written differently: each micro-batch moved to the parameters' device first (a no-op where it already
+# is) and autocast on the device it then is on
+_MOVED_TO_THE_MODEL = _amp(forward='''on = next(model.parameters()).device
+        x, y = x.to(on), y.to(on)
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = model(x, y) / k''')
 # correct, written differently: the step's memory freed by hand (del the loss after its backward), autocast's
 # device read from the model's parameters
 _DEL_LOSS = _amp(forward='''with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
@@ -240,6 +250,12 @@ WRONG = {
     "autocast_device_type_hard_coded_cuda": {"replace": {"task3_2_amp_step": _CUDA_AUTOCAST},
                                              "must_lose": _AMP_LOSES,
                                              "must_keep": ["task3_1_loss_scaler_hidden"]},
+    "autocast_device_type_hard_coded_cpu": {"replace": {"task3_2_amp_step": _CPU_AUTOCAST},
+                                            "must_lose": _AMP_LOSES,
+                                            "must_keep": ["task3_3_dtype_report_hidden"]},
+    "autocast_on_the_notebooks_device": {"replace": {"task3_2_amp_step": _NOTEBOOK_DEVICE_AUTOCAST},
+                                         "must_lose": _AMP_LOSES,
+                                         "must_keep": ["task3_1_loss_scaler_hidden"]},
     "no_skip_on_overflow": {"replace": {"task3_1_loss_scaler": _NO_SKIP},
                             "must_lose": _SCALER_LOSES,
                             "must_keep": ["task3_2_amp_step_hidden", "task3_3_dtype_report_hidden"]},
@@ -311,4 +327,5 @@ WRONG = {
 # correct alternatives: every cell of the tasks they change must keep its points
 RIGHT = {
     "del_loss_and_device_from_parameters": {"replace": {"task3_2_amp_step": _DEL_LOSS}},
+    "micro_batches_moved_to_the_model": {"replace": {"task3_2_amp_step": _MOVED_TO_THE_MODEL}},
 }

@@ -4,9 +4,12 @@
   training run (inf/NaN injected into chosen gradients, explicit unscale_ at chosen steps) and returns
   per step the scale used, whether optimizer.step() ran, the scale after update() and a summary of the
   gradients; `judge` drives `torch.amp.GradScaler("cpu")` through the same plan and compares.
-- task3_2_amp_step: `run` calls the learner's amp_step for a few steps; `judge` runs its own loop
-  (autograd.grad per micro-batch, accumulated by hand, an explicit clipping formula) with a real
-  GradScaler and compares losses, scales and the parameter updates.
+- task3_2_amp_step: `run` calls the learner's amp_step for a few steps, then once more with the model and the
+  micro-batches reporting a CUDA device (their arithmetic on the CPU, torch.autocast behaving as on CUDA: a step
+  that names "cpu" runs in fp32 there); `judge` runs its own loop (autograd.grad per micro-batch, accumulated by
+  hand, an explicit clipping formula) with a real GradScaler and compares losses, scales and the parameter
+  updates, and the dtype the forward ran in on both devices; `corroborate` sets the watched case's memory window
+  beside the peak the tracker measured.
 - task3_3_dtype_report: `judge` measures the same step with memlab.MemoryTracker, noting the dtype
   of each storage when an op creates it (refs.py), and compares with the learner's report.
 Plans and cases: cases.py; the inputs both sides rebuild from a case: inputs.py; what runs in the learner's

@@ -10,7 +10,9 @@ Hidden cases cover every branch of each task's spec in every run:
   inf, -inf and NaN each injected, into several parameters; explicit unscale_ on a clean and on a
   skipped step; unscale_ twice, and after step(), must raise.
 - task3_2: fp16 and bf16; one micro-batch and 2-4; clipping on and off; a first step that overflows; in every
-  case the dtype and device type the forward really ran in; a large-batch case whose step peak is measured.
+  case the dtype and device type the forward really ran in, on the CPU and with the model and the micro-batches on
+  a CUDA device (as if: run.amp_on_cuda); a large-batch case whose step peak is measured, and a larger one whose
+  peak is also seen from outside the learner's process (the watched case).
 - task3_3: no autocast, fp16 and bf16 autocast; a bf16 model; Adam and SGD with momentum; MLP and GPT.
 """
 
@@ -65,6 +67,28 @@ def _amp(seed, *, kind="mlp", dtype="float16", micro=2, batch=8, steps=4, max_no
             "max_norm": max_norm, "init_scale": init_scale, "memory": memory}
 
 
+# The watched case: a step large enough to be seen from outside the learner's process. The harness runs each case
+# inside a memory window (the sandbox cgroup's high-water mark, reset as the case starts and read as it ends), and
+# `corroborate` (judge.py) sets it beside the peak growth memlab's tracker measured in the learner's process. A
+# wide one-hidden-layer MLP on narrow inputs keeps the work small and the bf16 graph large: one micro-batch's step
+# grows the tracker's count by about 160 MiB (the ReLU's bf16 output and the backward's gradients of it), a step in
+# fp32 by twice that, and the inputs are about 5 MiB; two micro-batches, about a second of one CPU core to run and
+# one to judge.
+WATCHED_DIMS, WATCHED_BATCH, WATCHED_MICRO = [4, 256, 1, 6], 110_000, 2
+NOISE_BYTES = 64 * 2**20             # what a window may hold beyond the tracker's count (allocator, code pages)
+
+
+def watched_case(r):
+    return dict(_amp(r.randrange(2**31), dtype="bfloat16", micro=WATCHED_MICRO, batch=WATCHED_BATCH, steps=1,
+                     init_scale=2.0 ** 8, memory=True), dims=list(WATCHED_DIMS), watched=True)
+
+
+def input_bytes(case) -> int:
+    """Bytes of the micro-batches `run` builds for a case (fp32 x, int64 y), before the step allocates anything."""
+    d_in = (case.get("dims") or [24])[0]
+    return case["steps"] * case["micro"] * case["batch"] * (4 * d_in + 8)
+
+
 def amp_cases(hidden, r):
     if not hidden:
         return [_amp(1, micro=2), _amp(2, micro=2, max_norm=0.05), _amp(4, micro=2, dtype="bfloat16"),
@@ -82,6 +106,7 @@ def amp_cases(hidden, r):
         # the step's memory: 3-4 micro-batches whose graphs dominate the model states (one graph alive at a time)
         _amp(s(), dtype=r.choice(["float16", "bfloat16"]), micro=r.randint(3, 4), batch=r.randint(256, 512), steps=2,
              max_norm=r.choice([None, 0.1]), init_scale=2.0 ** r.randint(8, 12), memory=True),
+        watched_case(r),                                     # the same, large enough to be seen from outside
     ]
 
 

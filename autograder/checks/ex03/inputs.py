@@ -10,11 +10,41 @@ import torch
 import memlab
 
 DTYPES = {None: None, "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+MLP_DIMS = (24, 48, 2, 6)         # task3_2's MLP (d_in, width, depth, d_out) unless a case gives its own "dims"
+
+
+# ----------------------------------------------------------------------------- task3_2 as if on CUDA
+CUDA = torch.device("cuda", 0)
+
+
+class OnCudaTensor(torch.Tensor):
+    """A CPU tensor that reports the device cuda:0: what a step reads to choose autocast's device type. Its ops run
+    as a plain tensor's (on the CPU) and return plain tensors."""
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    device = property(lambda self: CUDA)
+    is_cuda = property(lambda self: True)
+
+
+class OnCudaParameter(torch.nn.Parameter):
+    """A parameter that reports the device cuda:0 (see OnCudaTensor)."""
+    device = property(lambda self: CUDA)
+    is_cuda = property(lambda self: True)
+
+
+def _report_cuda(model: torch.nn.Module, batches):
+    """The model's parameters (tied ones stay tied) and the batches, reporting the device cuda."""
+    new = {}
+    for m in model.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[name] = new.setdefault(id(p), OnCudaParameter(p.detach(), p.requires_grad))
+    return [[(x.as_subclass(OnCudaTensor), y.as_subclass(OnCudaTensor)) for x, y in micro] for micro in batches]
 
 
 # ----------------------------------------------------------------------------- task3_2
-def amp_setup(case):
-    """(model, optimizer, GradScaler, [[(x, y) per micro-batch] per step]) of a case."""
+def amp_setup(case, on_cuda: bool = False):
+    """(model, optimizer, GradScaler, [[(x, y) per micro-batch] per step]) of a case. on_cuda: the model's
+    parameters and the batches report the device cuda (their arithmetic stays on the CPU)."""
     torch.manual_seed(case["seed"])
     g = torch.Generator().manual_seed(case["seed"])
     n, b = case["micro"], case["batch"]
@@ -23,9 +53,12 @@ def amp_setup(case):
         batches = [[(torch.randint(0, 64, (b, 16), generator=g), torch.randint(0, 64, (b, 16), generator=g))
                     for _ in range(n)] for _ in range(case["steps"])]
     else:
-        model = memlab.MLP(24, 48, 2, 6)
-        batches = [[(torch.randn(b, 24, generator=g), torch.randint(0, 6, (b,), generator=g)) for _ in range(n)]
-                   for _ in range(case["steps"])]
+        d_in, width, depth, d_out = case.get("dims", MLP_DIMS)
+        model = memlab.MLP(d_in, width, depth, d_out)
+        batches = [[(torch.randn(b, d_in, generator=g), torch.randint(0, d_out, (b,), generator=g))
+                    for _ in range(n)] for _ in range(case["steps"])]
+    if on_cuda:
+        batches = _report_cuda(model, batches)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=case["init_scale"], growth_interval=2,
                                   enabled=case["dtype"] == "float16")

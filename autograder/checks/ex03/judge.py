@@ -10,7 +10,7 @@ import torch
 from memlab.kit.ex03 import drive_scaler
 
 from ..common import expect_type, expected, mb
-from .cases import CATEGORY_KEYS
+from .cases import CATEGORY_KEYS, NOISE_BYTES, input_bytes
 from .refs import reference_amp, reference_report
 from .run import step_returns
 
@@ -188,6 +188,7 @@ def amp_judge(case, got):
                     "scaler).")
         raise AssertionError(f"{where} your forward's Linear layers produced {off or ran} outputs, but amp_step was "
                              f"called with dtype={want}.{hint}")
+    _judge_on_cuda(case, where, got.get("on_cuda"))
     ref = reference_amp(case)
     if case.get("memory"):
         bound = max(ref["growth"]) + ref["graph"] // 2
@@ -241,6 +242,29 @@ def amp_judge(case, got):
                              f"AMP loop by {err:.1%} (relative).{hint}")
 
 
+def _judge_on_cuda(case, where, cuda):
+    """The step run again with the model and the micro-batches on a CUDA device (they report cuda:0; the grader's
+    arithmetic stays on its CPU): autocast must follow them there, as it does on a real GPU."""
+    expect_type("the step as if on CUDA", cuda, dict)
+    intro = (f"{where} the grader also runs your step with a model and micro-batches that report a CUDA device "
+             f"(x.device.type is 'cuda'; the arithmetic stays on this CPU), as on a GPU")
+    if "raised" in cuda:
+        raise AssertionError(f"{intro}, and there amp_step raised {cuda['raised']}. Take every device from the "
+                             f"inputs (x.device), never a fixed one.")
+    want, asked = case["dtype"], cuda.get("autocast") or []
+    if cuda.get("forward") != [want]:
+        if "cuda" not in asked:
+            hint = (f" Your step asked autocast for the device type(s) {asked}, not for 'cuda': autocast only casts "
+                    f"the ops of the device type it is given, so on a GPU your forward ran in fp32 and the step saved "
+                    f"nothing. Write torch.autocast(x.device.type, dtype=dtype): the same step then runs on any "
+                    f"device.") if asked else " Your step entered no autocast at all there."
+        else:
+            hint = (" Run the forward under torch.autocast(x.device.type, dtype=dtype), with the dtype amp_step is "
+                    "given.")
+        raise AssertionError(f"{intro}; there your forward's Linear layers produced {cuda.get('forward')} outputs, "
+                             f"not {want}.{hint}")
+
+
 # ----------------------------------------------------------------------------- task3_3
 _REPORT_HINTS = {
     "parameters": "every parameter once (model.parameters()), storage bytes, by its dtype.",
@@ -292,3 +316,30 @@ def report_judge(case, got):
     if not _same(got["params"], params, rtol=1e-3):
         raise AssertionError(f"{where} after dtype_report the parameters differ from one plain training step: "
                              f"run exactly one forward, backward, optimizer.step() and zero_grad.")
+
+
+# ----------------------------------------------------------------------------- task 3.2's watched case, from outside
+def corroborate(runs) -> list[str]:
+    """Task 3.2's watched case seen from outside: memlab's tracker in the learner's process measured the step's peak
+    growth; while the case ran (its memory window, sandbox.py) the sandbox's memory may hold that, the micro-batches
+    `run` built and some noise (allocator, code pages), not much more. A window more than twice the tracker's count
+    and the inputs, plus NOISE_BYTES, held memory the tracker never saw (a dispatch mode switched off, work done
+    outside torch): flag it for the instructor. `runs`: (task id, case, value, the case's memory growth in bytes or
+    None) for every case; only watched cases are large enough for the comparison to mean something (a first case
+    also pages in code, tens of MiB)."""
+    MiB = 2**20
+    flags = []
+    for tid, case, value, growth in runs:
+        if tid != "task3_2_amp_step" or not case.get("watched") or growth is None or not isinstance(value, dict):
+            continue
+        steps = value.get("peak_growth")
+        if not isinstance(steps, list) or not steps or any(type(v) is not int for v in steps):
+            continue
+        seen, inputs = max(steps), input_bytes(case)
+        if growth > 2 * (seen + inputs) + NOISE_BYTES:
+            flags.append(f"task3_2_amp_step: while its large step ran, the sandbox's memory grew by "
+                         f"{growth / MiB:.0f} MiB, more than twice what memlab's tracker saw the step allocate "
+                         f"({seen / MiB:.0f} MiB at its peak) and the micro-batches ({inputs / MiB:.0f} MiB) plus "
+                         f"{NOISE_BYTES // MiB} MiB: memory the tracker did not see (a dispatch mode switched off, "
+                         f"work done outside torch)")
+    return flags

@@ -3,7 +3,10 @@ DynamicLossScaler, amp_step or dtype_report on them and returns plain data; it d
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.overrides import TorchFunctionMode
 
 import memlab
 from memlab.kit.ex03 import drive_scaler, summary
@@ -118,6 +121,66 @@ def _forward_probe(model):
     return seen, handles
 
 
+def _cpu(a):
+    """A device argument that names CUDA, as the CPU; anything else as it is."""
+    if isinstance(a, torch.device) and a.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(a, str) and (a == "cuda" or a.startswith("cuda:")):
+        return "cpu"
+    return a
+
+
+class _CudaOnCpu(TorchFunctionMode):
+    """Tensors made or moved to CUDA (device=x.device, .to(x.device), .cuda()) land on the CPU, where the
+    arithmetic of the step as if on CUDA runs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cuda:
+            return args[0]
+        return func(*[_cpu(a) for a in args], **{k: _cpu(v) for k, v in (kwargs or {}).items()})
+
+
+@contextlib.contextmanager
+def _autocast_as_on_cuda(entered: list):
+    """torch.autocast (torch.amp.autocast, torch.cuda.amp.autocast: one class) as it behaves when the tensors are on
+    CUDA: autocast("cuda", dtype) casts them (here CPU autocast with CUDA's default dtype, fp16, when none is
+    given), autocast("cpu", ...) leaves them alone. `entered` gets each device type asked for."""
+    cls = torch.amp.autocast_mode.autocast
+    original = cls.__init__
+
+    def init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        entered.append(str(device_type))
+        if device_type == "cuda":
+            device_type, dtype = "cpu", torch.float16 if dtype is None else dtype
+        elif device_type == "cpu":
+            enabled = False
+        original(self, device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    cls.__init__ = init
+    try:
+        yield
+    finally:
+        cls.__init__ = original
+
+
+def amp_on_cuda(case, amp_step) -> dict:
+    """One amp_step with the model and the micro-batches reporting the device cuda (the arithmetic on the CPU):
+    the autocast device types the step asked for and the dtypes its Linear layers produced. Small micro-batches:
+    only the devices and dtypes are read."""
+    model, opt, scaler, batches = amp_setup(dict(case, steps=1, batch=min(case["batch"], 16)), on_cuda=True)
+    entered: list[str] = []
+    seen, handles = _forward_probe(model)
+    try:
+        with _autocast_as_on_cuda(entered), _CudaOnCpu():
+            amp_step(model, opt, scaler, batches[0], dtype=DTYPES[case["dtype"]], max_norm=case["max_norm"])
+    except Exception as e:  # noqa: BLE001 - the judge turns the learner's crash into a teaching message
+        return {"raised": f"{type(e).__name__}: {str(e)[:400]}", "autocast": sorted(set(entered))}
+    finally:
+        for h in handles:
+            h.remove()
+    return {"autocast": sorted(set(entered)), "forward": sorted({d for d, _ in seen})}
+
+
 def amp_run(case, amp_step):
     model, opt, scaler, batches = amp_setup(case)
     start = [p.detach().clone() for p in model.parameters()]
@@ -143,7 +206,7 @@ def amp_run(case, amp_step):
     delta = torch.cat([(p.detach() - s).double().flatten() for p, s in zip(model.parameters(), start)])
     return {"losses": losses, "scales": scales, "param_dtypes": sorted(dtypes), "grads_left": left,
             "delta": delta.tolist(), "peak_growth": growth,
-            "forward": sorted([d, list(on)] for d, on in seen)}
+            "forward": sorted([d, list(on)] for d, on in seen), "on_cuda": amp_on_cuda(case, amp_step)}
 
 
 # ----------------------------------------------------------------------------- task3_3
