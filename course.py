@@ -47,23 +47,54 @@ keeps pip. When an install fails, course.py says in one line what the installer 
 release for this Python, the network or the disk.
 """
 
-from __future__ import annotations
-
-import collections
-import hashlib
-import json
 import os
 import platform
-import re
-import shlex
 import shutil
-import subprocess
 import sys
-import threading
-import time
-import venv
-from dataclasses import dataclass, field
-from pathlib import Path
+
+# The Pythons the course installs on: constraints.txt holds versions for each (course.py lock) and a test resolves
+# it for each; course.py refuses any other before it downloads anything. This part of the file runs on Python 3.6
+# and newer, so that an older python3 (Ubuntu 18.04's 3.6, 20.04's 3.8) gets the one-line refusal, not an error.
+SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
+
+
+def _versions(pythons=SUPPORTED, last="or"):
+    names = [f"{a}.{b}" for a, b in pythons]
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
+
+
+def python_refusal(version=None, command="start", which=shutil.which):
+    """None on a supported Python; else one line that names the versions that work and, when one is on the PATH,
+    the command to type with it. (Written for any Python 3.6+, like everything above the check below it.)"""
+    version = tuple(sys.version_info[:3] if version is None else version)
+    if tuple(version[:2]) in SUPPORTED:
+        return None
+    found = next((f"python{a}.{b}" for a, b in reversed(SUPPORTED) if which(f"python{a}.{b}")), None)
+    how = (f"run `{found} course.py {command}` (found on your PATH)" if found else
+           "install one (python.org, your system's packages, pyenv, or `uv python install 3.12`) and run course.py "
+           "with it")
+    return (f"GPU Memory Lab runs on Python {_versions()}; this is Python {'.'.join(map(str, version))} "
+            f"({sys.executable}): {how}")
+
+
+if __name__ == "__main__" and python_refusal():       # before anything that needs a supported Python
+    if sys.argv[1:2] in (["help"], ["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    print("course.py: " + python_refusal(command=(sys.argv[1:2] or ["start"])[0]), file=sys.stderr)
+    sys.exit(1)
+
+import collections  # noqa: E402  (from here on: Python 3.10+)
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import venv  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -79,9 +110,6 @@ COPIED = ("lessons", "exercises")  # the folders copied into it
 MANIFEST = ".course-copies.json"   # in WORK: {path: sha256 of the course's file when it was copied}
 LOCK = ROOT / "constraints.txt"    # the versions the tests ran with (`course.py lock` writes it from .venv)
 UNLOCKED = ("torch", "triton", "nvidia-", "cuda-")   # PyTorch and its CUDA libraries: pinned and chosen per machine
-# The Pythons the course installs on: constraints.txt holds versions for each (course.py lock) and a test resolves
-# it for each; course.py refuses any other before it downloads anything.
-SUPPORTED = ((3, 10), (3, 11), (3, 12), (3, 13))
 FIRST_LESSON = "lessons/01_memory_anatomy.ipynb"
 TOOLS = {"fit": "memlab-fit", "grade": "memlab-grade"}   # course.py fit/grade run these scripts from .venv
 COMMANDS = ("start", "test", "sync", "book", *TOOLS, "lock", "help")
@@ -121,25 +149,6 @@ def _size(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _versions(pythons=SUPPORTED, last: str = "or") -> str:
-    names = [f"{a}.{b}" for a, b in pythons]
-    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else names[0]
-
-
-def python_refusal(version: tuple[int, ...] | None = None, command: str = "start", which=shutil.which) -> str | None:
-    """None on a supported Python; else one line that names the versions that work and, when one is on the PATH,
-    the command to type with it."""
-    version = tuple(sys.version_info[:3] if version is None else version)
-    if tuple(version[:2]) in SUPPORTED:
-        return None
-    found = next((f"python{a}.{b}" for a, b in reversed(SUPPORTED) if which(f"python{a}.{b}")), None)
-    how = (f"run `{found} course.py {command}` (found on your PATH)" if found else
-           "install one (python.org, your system's packages, pyenv, or `uv python install 3.12`) and run course.py "
-           "with it")
-    return (f"GPU Memory Lab runs on Python {_versions()}; this is Python {'.'.join(map(str, version))} "
-            f"({sys.executable}): {how}")
 
 
 def installer() -> list[str]:

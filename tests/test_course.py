@@ -145,8 +145,8 @@ def test_an_unsupported_python_is_refused_in_one_line(version):
 
 
 def _old_python() -> str | None:
-    for exe in [shutil.which(f"python3.{m}") for m in (9, 8, 7)] + sorted(
-            str(p) for p in Path.home().glob(".pyenv/versions/3.[789].*/bin/python")):
+    for exe in [shutil.which(f"python3.{m}") for m in (6, 7, 8, 9)] + sorted(
+            str(p) for p in Path.home().glob(".pyenv/versions/3.[6789].*/bin/python")):
         if exe and subprocess.run([exe, "-c", "import sys; assert sys.version_info < (3, 10)"],
                                   capture_output=True).returncode == 0:
             return exe
@@ -154,11 +154,11 @@ def _old_python() -> str | None:
 
 
 def test_an_old_python_gets_the_refusal_before_anything_happens():
-    """The real thing: course.py run by Python 3.7-3.9 (where one is installed) prints the one line and stops; it
-    creates and downloads nothing (it does not get as far as .venv)."""
+    """The real thing: course.py run by Python 3.6-3.9 (the oldest installed here) prints the one line and stops;
+    it creates and downloads nothing (it does not get as far as .venv)."""
     exe = _old_python()
     if exe is None:
-        pytest.skip("no Python 3.7-3.9 on this machine")
+        pytest.skip("no Python 3.6-3.9 on this machine")
     out = subprocess.run([exe, str(ROOT / "course.py"), "start"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PATH": "/usr/bin:/bin"})
     assert out.returncode == 1 and out.stdout == "", (out.stdout, out.stderr)
