@@ -85,11 +85,13 @@ if __name__ == "__main__" and python_refusal():       # before anything that nee
     sys.exit(1)
 
 import collections  # noqa: E402  (from here on: Python 3.10+)
+import contextlib  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import venv  # noqa: E402
@@ -411,18 +413,13 @@ def resolve(python: str, constraints: Path = LOCK, platform_tag: str = "x86_64-m
                               cwd=ROOT, capture_output=True, text=True)
 
 
-class _requirements_file:
-    """course_requirements() in a temporary requirements file (a context manager giving its path)."""
-
-    def __enter__(self) -> Path:
-        import tempfile
-        self.dir = tempfile.TemporaryDirectory(prefix="course-lock-")
-        path = Path(self.dir.name) / "requirements.in"
+@contextlib.contextmanager
+def _requirements_file():
+    """course_requirements() in a temporary requirements file: yields its path."""
+    with tempfile.TemporaryDirectory(prefix="course-lock-") as tmp:
+        path = Path(tmp) / "requirements.in"
         path.write_text("\n".join(course_requirements()) + "\n")
-        return path
-
-    def __exit__(self, *exc) -> None:
-        self.dir.cleanup()
+        yield path
 
 
 LOCK_HEADER = """\
@@ -443,7 +440,6 @@ def write_lock(uv: list[str] | None = None) -> Path:
         raise CourseError("no .venv yet: run `python3 course.py test` first, then lock what it tested")
     freeze = subprocess.run([str(PY), "-m", "pip", "freeze", "--exclude-editable"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="course-lock-") as tmp, _requirements_file() as reqs:
         out = Path(tmp) / "constraints.txt"
         out.write_text("\n".join(lock_lines(freeze)) + "\n")      # uv keeps these versions wherever they install
