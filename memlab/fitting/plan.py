@@ -376,6 +376,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     cost = plan_cost(plan, info)
     if paged:        # at worst the whole state comes in for the update and goes out again, every step
         cost["offload_bytes"] = cost.get("offload_bytes", 0) + 2 * paged
+        cost["paged_bytes"] = 2 * paged             # that worst case, on its own
     name = model if isinstance(model, str) else raw["model_type"]
     notes = []
     ran = info.get("attention_run", plan.attention)

@@ -2,14 +2,18 @@
 (`fit_row`). `python benchmarks/bench_fit_published.py` prints them all (benchmarks/fit_published.md); lesson 08
 sets torchtune's three single-GPU Llama-3.1-8B rows beside its ladder.
 
-Each row: (kind, source, what was run, published GiB, model, gpu, fit's options, what fit cannot express or
-differs in). Kinds: "peak" (a run's published peak against fit's allocated peak), "states" (a published output of
-DeepSpeed's model-state estimator against fit's model_states), "fits" (a published "this trained on that card").
+Each row: (kind, source, what was run, published figure, model, gpu, fit's options, what fit cannot express or
+differs in). Kinds: "peak" (a run's published peak in GiB against fit's allocated peak), "states" (a published
+output of DeepSpeed's model-state estimator against fit's model_states), "fits" (a published "this trained on that
+card"), "used" (the device memory in use that nvidia-smi / NVML showed after training, in GiB, against fit's
+`reserved_cached` + the CUDA context measured on that machine), "maxseq" (a published longest sequence that trained,
+in tokens, against `fit_max`), "speed" (published training tokens per second against the most fit's lower bound on
+the step's time allows, `step_bound`).
 """
 
 from __future__ import annotations
 
-__all__ = ["ROWS", "fit_row"]
+__all__ = ["ROWS", "fit_row", "step_bound", "RTX4090"]
 
 GiB = 2**30
 TT = "torchtune README"
@@ -108,13 +112,98 @@ ROWS = [
 ]
 
 
+# ----------------------------------------------------------------------------- device memory as users see it
+# Hugging Face's "Methods and tools for efficient training on a single GPU" guide (transformers docs,
+# perf_train_gpu_one.md, the version with these figures: v4.21-v4.29, 2022-2023; the same rows in its zh and ko
+# translations): bert-large-uncased for sequence classification, 512 random tokens per sequence, the Trainer's
+# defaults of its time (fp32, transformers' own for-loop AdamW "adamw_hf", dropout 0.1) on a V100 16GB, and NVML's
+# memory in use after training ("GPU memory occupied"). Its model-anatomy guide measures that card's process before
+# any tensor: 1343 MB once torch.ones((1, 1)).to("cuda") has loaded the kernels (a 2 MiB segment of it the
+# allocator's), so the rows are set against fit's most-reserved bytes + 1341 MiB of context.
+BERT_LARGE = {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 30522,
+              "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
+              "max_position_embeddings": 512, "type_vocab_size": 2}
+HF_GUIDE = ("Hugging Face transformers docs, 'Methods and tools for efficient training on a single GPU' "
+            "(perf_train_gpu_one.md, v4.21-v4.29), V100 16GB, 'GPU memory occupied' (NVML) after training")
+V100_16GB = 16160 / 1024                    # nvidia-smi's total for it in the guide's screenshot: 16160 MiB
+GUIDE_CONTEXT = (1343 - 2) * 2**20          # model_memory_anatomy.md: 1343 MB used after a first tiny tensor
+_B = dict(seq=512, optimizer="adamw_forloop", context=GUIDE_CONTEXT)
+_GUIDE = [("bs 4", 14949, dict(batch=4, precision="fp32")),
+          ("bs 1 x 4 accumulation", 8681, dict(batch=4, micro_batch=1, precision="fp32")),
+          ("bs 4, fp16", 13939, dict(batch=4, precision="amp")),
+          ("bs 1 x 4, checkpointing, fp16", 7275, dict(batch=4, micro_batch=1, precision="amp",
+                                                         checkpointing="full")),
+          ("bs 4, Adafactor", 12295, dict(batch=4, precision="fp32", optimizer="adafactor")),
+          ("bs 1 x 4, checkpointing, fp16, Adafactor", 4847, dict(batch=4, micro_batch=1, precision="amp",
+                                                                    checkpointing="full", optimizer="adafactor")),
+          ("bs 4, 8-bit Adam", 13085, dict(batch=4, precision="fp32", optimizer="adamw8bit")),
+          ("bs 1 x 4, checkpointing, fp16, 8-bit Adam", 5363, dict(batch=4, micro_batch=1, precision="amp",
+                                                                     checkpointing="full", optimizer="adamw8bit"))]
+ROWS += [("used", HF_GUIDE, f"BERT-large, seq-cls, 512 tokens, {what}", mib / 1024, BERT_LARGE, V100_16GB,
+          {**_B, **kw}, "the Trainer's AdamW of 2022 (transformers' own, for-loop) is run as torch's for-loop AdamW; "
+          "fp16 AMP as fit's amp (the same 2-byte activations; the GradScaler's scalars not counted); the kernels "
+          "and context are the guide's own measurement")
+         for what, mib, kw in _GUIDE]
+
+# ----------------------------------------------------------------------------- the longest context that trains
+UNSLOTH = ("Unsloth README (github.com/unslothai/unsloth), 'Context length benchmarks', Llama 3.1 (8B) and Llama "
+           "3.3 (70B) max. context length, column 'Hugging Face + FA2': 4-bit QLoRA on all linear layers, rank 32, "
+           "batch 1, every sequence padded to the length")
+_Q = dict(method="qlora", lora_r=32, checkpointing="full", batch=1, optimizer="adamw8bit")
+_UNSLOTH_NOTE = ("the card of each size is not named (the nearest preset is used: its capacity as that card reports "
+                 "it); the optimizer is not named (8-bit AdamW assumed, as Unsloth's own notebooks set "
+                 "optim='adamw_8bit'); gradient checkpointing assumed on; FlashAttention-2 run as sdpa")
+ROWS += [("maxseq", UNSLOTH, f"Llama 3.1 8B QLoRA r=32, batch 1, the longest sequence on a {gb} GB card", n,
+          "llama-3.1-8b", card, _Q, _UNSLOTH_NOTE)
+         for gb, n, card in ((16, 2551, "RTX4080-16GB"), (24, 5789, "RTX4090-24GB"), (40, 12264, "A100-40GB"),
+                             (48, 15502, "L40S-48GB"), (80, 28454, "A100-80GB"))]
+ROWS += [("maxseq", UNSLOTH, "Llama 3.3 70B QLoRA r=32, batch 1, the longest sequence on an A100 80GB", 6916,
+          "llama-3.1-70b", "A100-80GB", _Q, _UNSLOTH_NOTE + "; Llama 3.3 70B has Llama 3.1 70B's shapes")]
+
+# ----------------------------------------------------------------------------- training speed
+# The RTX 4090's peaks, NVIDIA Ada GPU Architecture whitepaper (v2.01), Appendix A, Table 2: BF16 tensor FLOP/s
+# with FP32 accumulate 165.2 TFLOPS dense (330.4 with sparsity), GDDR6X 1008 GB/s; PCIe Gen4 x16, 32 GB/s a way.
+RTX4090 = {"bf16": 165.2e12, "dram": 1008e9, "pcie": 32e9}
+ROWS += [("speed", f"{src}; 'Tokens/sec' (measured over one full training epoch)", what, tps,
+          "llama-3.1-8b", "RTX4090-24GB", kw, "torch.compile; fit's figure is the most a step's lower bound at the "
+          "card's peaks allows (`step_bound`): the published rate must not exceed it, and their ratio is the share "
+          "of that bound the run reached")
+         for (_, src, what, _, _, _, kw, _), tps in zip(ROWS[:3], (2413, 3083, 1650))]
+
+
+def step_bound(r, card: dict) -> float:
+    """The least seconds one optimizer step of fit's result `r` can take on a card of `card`'s peaks (bf16 FLOP/s,
+    DRAM and one-way PCIe bytes/s): the matmul FLOPs at the bf16 peak - 6 per trainable parameter and token (forward,
+    input and weight gradients), 4 per frozen one (no weight gradient), the attention's matmuls (3 times the
+    forward's, half of them for causal attention), and the recomputation checkpointing adds - plus QLoRA's
+    dequantization traffic in DRAM and the PCIe traffic of `r.cost` (offload; paged state only moves when the card
+    is short, so its worst case, `paged_bytes`, is left out of a lower bound)."""
+    p, c = r.plan, r.cost
+    tokens = p["batch"] * p["seq"]
+    frozen = r.n_params - r.trainable if p["method"] != "full" else 0
+    train = r.n_params if p["method"] == "full" else r.trainable
+    attn = 3 * c.get("attention_flops", 0) // 2
+    flops = (6 * train + 4 * frozen) * tokens + attn + c["recompute_flops"]
+    pcie = c["offload_bytes"] - c.get("paged_bytes", 0)
+    return flops / card["bf16"] + c.get("dequant_bytes", 0) / card["dram"] + pcie / card["pcie"]
+
+
 def fit_row(kind, model, gpu, kw):
-    """fit's figure for one row: (GiB, FitResult), or (None, reason) where fit cannot build the model."""
+    """fit's figure for one row (GiB, tokens, or tokens/s, as the row's kind) and its FitResult (a FitMax for
+    "maxseq"), or (None, reason) where fit cannot build the model."""
     from .plan import fit
     try:
+        if kind == "maxseq":
+            from .limits import fit_max
+            m = fit_max(model, gpu, headroom=0.0, **kw)
+            return m.value, m
         r = fit(model, gpu, headroom=0.0, **kw)
     except ValueError as e:
         return None, str(e).split(" (")[0]
     if kind == "states":
         return sum(r.model_states.values()) / GiB, r
+    if kind == "used":
+        return (r.reserved_cached + r.context) / GiB, r
+    if kind == "speed":
+        return r.plan["batch"] * r.plan["seq"] / step_bound(r, RTX4090), r
     return r.peak / GiB, r
