@@ -274,6 +274,8 @@ def plan_cost(plan, info: dict) -> dict:
                        casts them before the copy: 4 bytes per trainable parameter) and of the updated weights back
                        in the weights' dtype (2 bytes in 16-bit), the 4 + 2 bytes per parameter lesson 06 measures;
                        with activation offloading also every offloaded activation, out and back, per micro-batch
+      attention_flops  the forward's attention matmuls (QK^T and attention x V) of the step, as recompute_flops
+                       counts them (the causal half not taken off): for a step-time bound (memlab.fitting.published)
       host_step_bytes  with optimizer offload: the bytes the CPU's AdamW step reads and writes in host memory for this
                        rank's partition (DeepSpeed's CPU Adam on fp32 masters): the fp32 gradient, master and two
                        moments read (16 B/param), master and moments written back (12 B/param) and the 16-bit copy
@@ -293,7 +295,7 @@ def plan_cost(plan, info: dict) -> dict:
     """
     if plan.mode != "train":
         return {"recompute_flops": 0, "offload_bytes": 0, "comm_bytes": 0, "dequant_bytes": 0, "host_step_bytes": 0,
-                "steps_per_batch": 1}
+                "attention_flops": 0, "steps_per_batch": 1}
     L, tokens = info["depth"], plan.batch * plan.seq
     attn = 4 * tokens * plan.seq * info["attn_width"]
     stack = info.get("stack_params", info["layer_params"] * L)        # every repeated layer's parameters
@@ -309,7 +311,8 @@ def plan_cost(plan, info: dict) -> dict:
     dequant = int(2.5 * stack * uses * plan.steps_per_batch) if plan.method == "qlora" else 0
     host = HOST_STEP_BYTES_PER_PARAM * -(-info["trainable"] // N) if plan.offload else 0
     return {"recompute_flops": int(flops[plan.checkpointing]), "offload_bytes": offload, "comm_bytes": comm,
-            "dequant_bytes": dequant, "host_step_bytes": host, "steps_per_batch": plan.steps_per_batch}
+            "dequant_bytes": dequant, "host_step_bytes": host, "attention_flops": int(L * attn),
+            "steps_per_batch": plan.steps_per_batch}
 
 
 HOST_STEP_BYTES_PER_PARAM = 16 + 12 + 2   # read: fp32 grad, master, 2 moments; write: master, moments; 16-bit copy
