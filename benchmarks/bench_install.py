@@ -70,13 +70,21 @@ def _pytest_counts(text: str) -> str:
     return re.sub(r" in [\d.]+s.*", "", found[-1]) if found else "no pytest summary"
 
 
-def bench(python: str, work: Path, log: Path) -> dict:
-    """Clone, install, test: one row of the table."""
+def bench(python: str, work: Path, log: Path, reuse: bool = False) -> dict:
+    """Clone, install, test: one row of the table. With `reuse`, a clone already in `work` (from --keep) is brought
+    up to this repository's HEAD (git pull) and course.py's setup only installs what changed."""
     version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, check=True).stdout.strip()
     clone = work / f"clone-{version}"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    row = {"python": version}
+    reused = reuse and (clone / ".venv").exists()
+    if reused:
+        subprocess.run(["git", "-C", str(clone), "pull", "-q", "--ff-only", str(ROOT), "HEAD"], check=True)
+        shutil.rmtree(clone / "submissions", ignore_errors=True)
+    else:
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    commit = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    row = {"python": version, "commit": commit, "reused": reused}
     rc, text, took = _run([python, "-c", "import course; course.setup()"], clone, log)
     got = [ln.split("installed ", 1)[1] for ln in text.splitlines() if "[2/3] installed" in ln]
     row.update(install_s=took, install_ok=rc == 0, venv_gib=_size(clone / ".venv") / 2**30 if
@@ -106,15 +114,17 @@ def bench(python: str, work: Path, log: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| Python | install (s) | .venv | PyTorch | fast suite | lesson " + LESSON[:2] + " | class run, exercise "
-            + EXERCISE[:2] + " |\n|---|---|---|---|---|---|---|")
+    head = ("| Python (clone's commit) | install (s) | .venv | PyTorch | fast suite | lesson " + LESSON[:2]
+            + " | class run, exercise " + EXERCISE[:2] + " |\n|---|---|---|---|---|---|---|")
     lines = []
     for r in rows:
+        who = f"{r['python']} ({r['commit']})"
         if not r.get("install_ok"):
-            lines.append(f"| {r['python']} | failed after {r['install_s']:.0f} | - | - | - | - | - |\n\n"
+            lines.append(f"| {who} | failed after {r['install_s']:.0f} | - | - | - | - | - |\n\n"
                          f"course.py said: `{r['install_says']}`")
             continue
-        lines.append(f"| {r['python']} | {r['install_s']:.0f} | {r['venv_gib']:.1f} GiB | {r['torch']} | "
+        install = f"{r['install_s']:.0f}" + (" (reused: only what changed)" if r.get("reused") else "")
+        lines.append(f"| {who} | {install} | {r['venv_gib']:.1f} GiB | {r['torch']} | "
                      f"{r['fast']} ({r['fast_s']:.0f} s) | {r['lesson']} ({r['lesson_s']:.0f} s) | "
                      f"{'ok' if r['class_ok'] else 'FAILED'}: {r['classrun']} ({r['class_s']:.0f} s) |")
     return head + "\n" + "\n".join(lines)
@@ -125,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--python", action="append", required=True, help="a Python interpreter (repeat for several)")
     ap.add_argument("--write", action="store_true", help="write the table into benchmarks/README.md")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep the clones (default: a temporary one)")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: bring a kept clone up to HEAD and run the "
+                                                          "steps again instead of cloning and installing afresh")
     args = ap.parse_args(argv)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -134,15 +146,17 @@ def main(argv=None) -> int:
     rows = []
     try:
         for python in args.python:
-            rows.append(bench(python, work, log))
+            rows.append(bench(python, work, log, reuse=args.reuse))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    text = (f"`python benchmarks/bench_install.py {' '.join('--python ' + p for p in args.python)} --write` "
-            f"({datetime.date.today()}, commit {head}, {os.cpu_count()} cores, load average {load:.1f} at the end; "
-            f"install = `course.py`'s setup from a fresh clone, pip's download cache as it was):\n\n" + table(rows))
+    command = " ".join(["python benchmarks/bench_install.py", *(f"--python {p}" for p in args.python),
+                        *(["--keep DIR", "--reuse"] if args.reuse else []), "--write"])
+    text = (f"`{command}` ({datetime.date.today()}, run from commit {head}, {os.cpu_count()} cores, load average "
+            f"{load:.1f} at the end; install = `course.py`'s setup in a fresh clone, pip's download cache as it "
+            f"was):\n\n" + table(rows))
     print(text)
     if not args.keep:
         print(f"(the commands' output went to {log}, removed with the clones; --keep DIR keeps both)")
