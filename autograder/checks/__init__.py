@@ -14,5 +14,6 @@ CHECKS = {
     "07_qlora": "autograder.checks.ex07",
     "08_capstone": "autograder.checks.ex08",
     "09_parallelism": "autograder.checks.ex09",
+    "10_memory_planning": "autograder.checks.ex10",
     "99_drill": "autograder.checks.ex99",
 }
