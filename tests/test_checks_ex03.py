@@ -145,6 +145,7 @@ def test_the_step_as_if_on_cuda_follows_its_inputs():
 
 
 # ----------------------------------------------------------------------------- the watched case, from outside
+@pytest.mark.usefixtures("one_thread")                 # tests/conftest.py
 def test_every_hidden_draw_has_one_watched_step_that_fp32_would_outgrow_by_150_mib():
     """One watched case per draw. Measured with memlab's tracker in this process: the reference step's peak growth,
     and the same step run without autocast (fp32 activations), which grows by 150 MiB more."""

@@ -72,8 +72,8 @@ def _amp(seed, *, kind="mlp", dtype="float16", micro=2, batch=8, steps=4, max_no
 # `corroborate` (judge.py) sets it beside the peak growth memlab's tracker measured in the learner's process. A
 # wide one-hidden-layer MLP on narrow inputs keeps the work small and the bf16 graph large: one micro-batch's step
 # grows the tracker's count by about 160 MiB (the ReLU's bf16 output and the backward's gradients of it), a step in
-# fp32 by twice that, and the inputs are about 5 MiB; two micro-batches, about a second of one CPU core to run and
-# one to judge.
+# fp32 by twice that (tests/test_checks_ex03.py), and the inputs are about 5 MiB; two micro-batches, half a second
+# of one CPU core to run and as much to judge.
 WATCHED_DIMS, WATCHED_BATCH, WATCHED_MICRO = [4, 256, 1, 6], 110_000, 2
 NOISE_BYTES = 64 * 2**20             # what a window may hold beyond the tracker's count (allocator, code pages)
 
