@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from autograder.checks import ex02
 from autograder.checks.ex02 import refs as ex02_refs
 
@@ -103,3 +105,64 @@ def test_sqrt_cases_cover_every_branch_in_every_run():
         assert {c["container"] for c in stacks} == {"Sequential", "ModuleList", "list"}
         assert any(not c["x_grad"] for c in stacks)
         assert {math.isqrt(c["n"]) ** 2 == c["n"] for c in stacks} == {True, False}
+
+
+# ----------------------------------------------------------------------------- the watched cases, from outside
+MEASURED = ("task2_1_checkpoint_every_k", "task2_2_sqrt_segments", "task2_4_checkpointed_gpt")
+
+
+def _watched(task_id, seed=0):
+    (case,) = [c for c in ex02.TASKS[task_id].cases(True, random.Random(seed)) if c.get("watched")]
+    return case
+
+
+def test_every_hidden_draw_has_one_watched_case_per_measured_task():
+    for seed in range(20):
+        for tid in MEASURED:
+            _watched(tid, seed)                 # exactly one
+    assert not any(c.get("watched") for c in ex02.TASKS["task2_3_plan_checkpoints"].cases(True, random.Random(0)))
+
+
+@pytest.mark.usefixtures("one_thread")                 # tests/conftest.py
+def test_a_module_that_does_not_checkpoint_holds_150_mib_more_in_each_watched_case():
+    """Measured with memlab's tracker in this process: the plain model's activation peak against the peak of the
+    reference scheme each watched case is judged against (what an honest run's window holds besides its inputs)."""
+    from memlab.checkpointing import activation_peak
+    from autograder.checks.ex02.inputs import _gpt_setup, _stack
+    gap = {}
+    for tid in MEASURED:
+        case = _watched(tid)
+        if "cfg" in case:
+            cfg, plain, batches = _gpt_setup(case)
+            x, y = batches[0]
+            scheme = ex02_refs.ref_checkpointed_gpt(cfg, plain.state_dict())
+            peaks = [activation_peak(m, lambda m=m: m(x, y)).peak for m in (scheme, plain)]
+        else:
+            _, blocks, x, w = _stack(case)
+            n = case["n"]
+            scheme = ex02_refs.ref_every_k(blocks, case["k"]) if "k" in case else ex02_refs.RefSegments(
+                blocks, ex02_refs.round_robin_segments(n, next(s for s in range(1, n + 1) if s * s >= n)))
+            peaks = [activation_peak(scheme, lambda f=f: (f(x) * w).sum()).peak
+                     for f in (scheme, lambda t: ex02_refs.plain_forward(blocks, t))]
+        gap[tid] = peaks[1] - peaks[0]
+    assert all(g >= 150 * 2**20 for g in gap.values()), gap
+
+
+def test_corroborate_flags_a_window_the_tracker_did_not_see():
+    """judge.corroborate with made-up runs, for each measured task: an honest watched case (window = the tracker's
+    peak, what the run keeps besides and a little) is not flagged; a window of the plain model's size while the
+    tracker reported the scheme's peak is; a case without a window (growth None), a small case and a case whose run
+    raised are never flagged."""
+    from autograder.checks.ex02.cases import outside_the_tracker
+    from autograder.checks.ex02.judge import corroborate
+    MiB = 2**20
+    for tid in MEASURED:
+        case = _watched(tid)
+        small = ex02.TASKS[tid].cases(False, None)[-1]
+        peak, extra = 39 * MiB, outside_the_tracker(case)
+        assert corroborate([(tid, case, {"peak": peak}, peak + extra + 6 * MiB)]) == []
+        assert corroborate([(tid, case, {"peak": peak}, 208 * MiB)]) != [], tid
+        assert corroborate([(tid, case, {"peak": 0}, 150 * MiB)]) != [], tid
+        assert corroborate([(tid, case, {"peak": peak}, None)]) == []
+        assert corroborate([(tid, small, {"peak": 0}, 500 * MiB)]) == []
+        assert corroborate([(tid, case, {"problem": "raised"}, 500 * MiB)]) == []

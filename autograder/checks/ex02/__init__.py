@@ -9,7 +9,10 @@ What is graded is behaviour, on modules the checks own (inputs.py):
   * `judge` (judge.py, the grader) recomputes the plain model's outputs and gradients with
     autograd, and the peak of the scheme built by PyTorch's activation-checkpointing pass (refs.py), and
     compares; the planner's plan is judged under the notebook's cost model against
-    brute force over every plan, or an exhaustive state search for the 40-layer chain.
+    brute force over every plan, or an exhaustive state search for the 40-layer chain;
+  * `corroborate` (judge.py) sets each measured task's watched hidden case, large enough to be seen
+    from outside, beside the memory window the sandbox saw it take, and flags a window far above
+    the peak the tracker reported (activations the tracker did not see).
 
 Learner side (staged into the sandbox): this file, inputs.py, run.py. Trusted side (only in the grader and the
 learner's own kernel): cases.py, refs.py, judge.py, named here by their functions and imported when called.

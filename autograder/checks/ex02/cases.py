@@ -19,6 +19,45 @@ def _stack_case(r, n, container, x_grad):
             "x_grad": x_grad, "seed": r.randrange(2**31)}
 
 
+# ----------------------------------------------------------------------------- watched cases (tasks 2.1, 2.2, 2.4)
+# Each task that measures the learner's module with memlab's tracker (the run's activation_peak) has one hidden case
+# large enough to be seen from outside the learner's process: the harness runs every case inside a memory window
+# (the sandbox cgroup's high-water mark, reset as the case starts and read as it ends), and `corroborate` (judge.py)
+# sets the window beside the peak the tracker reported. Narrow blocks on many rows (or a narrow, deep GPT on many
+# tokens) keep the arithmetic small and the activations large; measured with memlab's tracker, the scheme's peak
+# (what an honest window holds, with the inputs) and the plain model's (what a module that does not checkpoint
+# holds, however it hides from the tracker):
+#   2.1, 16 blocks of width 8, k = 1, 45056 rows:        38.5 MiB checkpointed, 203.5 MiB plain
+#   2.2, 36 blocks of width 8 in 6 segments, 20480 rows: 39.4 MiB checkpointed, 205.0 MiB plain
+#   2.4, 12 layers of width 32, 128 x 64 tokens:         32.2 MiB checkpointed, 199.3 MiB plain
+# Half a second of one CPU core to run a stack case and as much to judge it, a second each for the GPT
+# (tests/test_checks_ex02.py checks the gaps).
+NOISE_BYTES = 64 * 2**20             # what a window may hold beyond the tracker's count (allocator, code pages)
+
+
+def _watched_stack(r, n, rows):
+    return {"n": n, "d": 8, "rows": rows, "container": r.choice(["Sequential", "ModuleList", "list"]),
+            "x_grad": True, "seed": r.randrange(2**31), "watched": True}
+
+
+def _watched_gpt(r):
+    return {"cfg": dict(n_layer=12, n_embd=32, n_head=2, vocab_size=32, block_size=80, dropout=0.0, pos="learned",
+                        attn="sdpa"),
+            "B": 128, "T": 64, "steps": 1, "seed": r.randrange(2**31), "watched": True}
+
+
+def outside_the_tracker(case) -> int:
+    """Bytes a watched case's run holds besides what the tracker measures: for a stack, x, the loss weights, the
+    output, x's gradient and a float64 copy for a fingerprint (rows x d each, fp32 or wider); for a GPT, the
+    logits of the eval forward and the loss's softmax (B x T x vocab, fp32, a few of them) and the parameters with
+    their gradients."""
+    if "cfg" in case:
+        cfg = case["cfg"]
+        params = 12 * cfg["n_layer"] * cfg["n_embd"] ** 2 + 2 * cfg["vocab_size"] * cfg["n_embd"]
+        return 4 * 4 * case["B"] * case["T"] * cfg["vocab_size"] + 3 * 4 * params
+    return 6 * 4 * case["rows"] * case["d"]
+
+
 # ----------------------------------------------------------------------------- task2_1
 def _every_k_cases(hidden, r):
     if not hidden:
@@ -34,7 +73,8 @@ def _every_k_cases(hidden, r):
         out.append({**_stack_case(r, n, container, x_grad), "k": k})
     # k that is not a positive int, in every run: zero, a negative int, a float, a bool (an int subclass) and a
     # string, the last three holding values that would be valid ints
-    return out + [{"validate": [0, -r.randint(1, 5), float(r.randint(1, 4)), True, str(r.randint(1, 5))]}]
+    return out + [{"validate": [0, -r.randint(1, 5), float(r.randint(1, 4)), True, str(r.randint(1, 5))]},
+                  {**_watched_stack(r, 16, 45_056), "k": 1}]
 
 
 # ----------------------------------------------------------------------------- task2_2
@@ -48,7 +88,7 @@ def _sqrt_cases(hidden, r):
     r.shuffle(containers)
     sizes = [r.choice([9, 16]), r.choice([10, 11, 13, 14, 17, 18, 19]), r.randint(9, 20)]   # even and uneven
     return [{"ns": ns}] + [_stack_case(r, n, c, x_grad) for n, c, x_grad in
-                           zip(sizes, containers, (True, False, r.random() < 0.5))]
+                           zip(sizes, containers, (True, False, r.random() < 0.5))] + [_watched_stack(r, 36, 20_480)]
 
 
 # ----------------------------------------------------------------------------- task2_3
@@ -138,4 +178,4 @@ def _gpt_cases(hidden, r):
                                 attn=a),
                     "B": r.randint(2, 5), "T": r.randint(12, block_size - 4), "steps": 3, "seed": r.randrange(2**31),
                     "frozen_embeddings": pos == "rope"})
-    return out
+    return out + [_watched_gpt(r)]
