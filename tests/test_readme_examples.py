@@ -70,6 +70,10 @@ def test_the_readme_has_the_examples_this_file_runs():
 def test_fit_examples_run_as_written(cmd, set_up):
     out = _run(cmd, ROOT)
     assert out.returncode == 0 and "Traceback" not in out.stderr, f"{cmd}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    if "--max-seq" in cmd or "--max-batch" in cmd:          # the limit, and what one more token or sequence needs
+        assert re.search(r"largest (seq|batch) that fits: [\d,]+ ", out.stdout) and "would need" in out.stdout, \
+            out.stdout[:500]
+        return
     assert re.search(r": (FITS|FITS \(BORDERLINE\)|DOES NOT FIT): needs ", out.stdout), out.stdout[:500]
     assert "course.py: [1/3]" not in out.stdout, "course.py installed instead of running the command"
     if cmd == FIT[0]:        # the README quotes this command's verdict line
