@@ -168,11 +168,13 @@ def measure(config, plan) -> dict:
     gpu = VirtualGPU(capacity_gb=2**20)
     cfg_json = cfg.to_json_string(use_diff=False)
 
-    def run(k, layers=None):
+    def run(k, layers=None, allocator=True):
+        # the allocator's replay (a tenth of a run) only for the run whose overhead is kept
         sk, info = _skeleton(cfg_json, cut_layers(cfg, k), rp.method, precision_dtype(rp.precision), rp.lora_r,
                              rp.attention, layers)
-        r = gpu.run(fit_step, sk, info, rp, timeline=True)
-        return {ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value, allocator_bytes(r.tracker)
+        r = gpu.run(fit_step, sk, info, rp, timeline=allocator)
+        return ({ph: dict(v) for ph, v in r.phase_peaks.items()}, r.value,
+                allocator_bytes(r.tracker) if allocator else None)
     from .layers import combine, kind_runs, layer_kinds
     kinds = layer_kinds(cfg, L) if L > BASE + 1 else None
     if kinds is not None:                      # layers of several kinds: memlab/fitting/layers.py
@@ -189,7 +191,7 @@ def measure(config, plan) -> dict:
         _CACHE[key] = out
         _disk_write(key, out)
         return out
-    runs = [run(k) for k in ((BASE, BASE + 1) if L > BASE else (L,))]
+    runs = [run(BASE, allocator=False), run(BASE + 1)] if L > BASE else [run(L)]
     if len(runs) == 1:
         out = {"phases": runs[0][0], "info": runs[0][1], "allocator": runs[0][2]}
     else:
