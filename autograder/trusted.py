@@ -158,7 +158,9 @@ def code_to_run(template: dict, learner: dict) -> list[dict]:
 # learner's process, so a cell that shows one is flagged for the instructor (grades.csv's flags column and the
 # class output), whatever it scored. autograder/README.md lists them with the risk that remains.
 TAMPERING = (
-    (re.compile(r"_pop_mode|_disable_current_modes|_set_dispatch_mode|_push_mode|_len_torch_dispatch_stack"),
+    (re.compile(r"_pop_mode|_disable_current_modes|_set_dispatch_mode|_push_mode|_len_torch_dispatch_stack|"
+                r"_DisableTorchDispatch|_unset_dispatch_mode|_DisableFuncTorch|DisableTorchFunction|"
+                r"_disabled_torch_dispatch_impl|_ExcludeDispatchKeyGuard|_AutoDispatchBelow"),
      "switches the grader's dispatch modes off"),
     (re.compile(r"\bsys\.modules\b|\bimportlib\.reload\b"), "replaces modules (sys.modules)"),
     (re.compile(r"\bsys\.(setprofile|settrace)\b|\bthreading\.setprofile\b"), "replaces the profiler hooks"),

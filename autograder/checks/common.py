@@ -223,8 +223,9 @@ def no_calls(task: str, forbidden, message: str):
         yield
     finally:
         sys.setprofile(previous)
-    if hits:
-        raise AssertionError(f"{task} called {sorted(set(hits))[:3]}: {message}")
+    if hits:     # named functions first: `file:__enter__` says more than `file:<lambda>` or `file:<setcomp>`
+        shown = sorted(set(hits), key=lambda h: (h.rsplit(":", 1)[-1].startswith("<"), h))[:3]
+        raise AssertionError(f"{task} called {shown}: {message}")
 
 
 def no_calls_into(task: str, files: tuple[str, ...], what: str):
