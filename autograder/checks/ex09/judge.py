@@ -114,11 +114,12 @@ def shard_judge(case, got):
              rtol=1e-5, atol=1e-5,
              hint=f". The all-reduce SUMS what every rank adds: {len(with_bias)} of {t} ranks "
                   f"return a bias part, so the bias arrives {len(with_bias)} times. Keep the whole "
-                  f"bias on rank 0 only and return None on the others")
+                  f"bias on one rank only (rank 0, for instance) and return None on the others")
     if case["bias"]:       # the sum is right; where the bias sits is what the text asks for
         holders = [r for r, b in enumerate(bs) if b is not None]
         assert len(holders) == 1, (
-            f"{_what(case)}: ranks {holders} return a bias part; the whole bias belongs to one rank alone (rank 0) "
+            f"{_what(case)}: ranks {holders} return a bias part; the whole bias belongs to one rank alone (any one: "
+            f"rank 0, for instance) "
             f"and every other rank returns None (not zeros, not a share of it): the next layer's code adds the "
             f"bias where it is not None, and a zero tensor costs a rank the bias's bytes for nothing")
         allclose(f"{_what(case)} rank {holders[0]}'s bias", bs[holders[0]], linear_weights(case)[1], rtol=0, atol=0,
