@@ -130,6 +130,10 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = print
     head = _run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT).stdout.strip()
+    # the notebooks and the wheel come from the working tree, which may hold what is not committed yet
+    if _run(["git", "status", "--porcelain", "--", "lessons", "exercises", "solutions", "memlab", "autograder",
+             "pyproject.toml"], cwd=ROOT).stdout.strip():
+        head += " plus uncommitted changes"
     rows, t_all = [], time.perf_counter()
     try:
         wheel = build_wheel(work / "dist")
