@@ -10,6 +10,12 @@ and the time of each fit (first call per plan: it runs the virtual step) and of 
 The real-tensor check (memlab's tracker on real CPU tensors vs fit, to the byte) runs on a tiny Llama.
 
     python benchmarks/bench_fit.py [--models llama-2-7b mistral-7b ...]
+    python benchmarks/bench_fit.py --speed          # only the command line's speed, cold and warm
+
+Speed: each `memlab-fit` command of SPEED runs in a fresh process (imports included), first with an empty folder of
+measured steps (cold: every step is run) and then again with the folder it filled (warm: read back, transformers
+not imported); the CPU seconds are the child process's user + sys (resource.getrusage), the wall seconds its
+elapsed time, printed with the machine's load average.
 """
 
 from __future__ import annotations
@@ -33,10 +39,48 @@ def _ds(n: int, largest: int):
     return z2, z3
 
 
+SPEED = ["llama-2-7b --gpu L4-24GB --batch 4 --seq 2048 --no-search",
+         "llama-2-7b --gpu L4-24GB --method qlora --checkpointing full --seq 1024 --no-search",
+         "llama-2-7b --gpu T4 --seq 1024 --search",
+         "llama-3.1-8b --gpu 4090 --method qlora --checkpointing full --max-seq"]
+
+
+def _timed(cmd: str, cache: str) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one memlab-fit command in a fresh process."""
+    import resource
+    import shlex
+    import subprocess
+    exe = os.path.join(os.path.dirname(sys.executable), "memlab-fit")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run([exe, *shlex.split(cmd)], capture_output=True, text=True,
+                         env=dict(os.environ, MEMLAB_FIT_CACHE=cache, OMP_NUM_THREADS="1"))
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode:
+        raise RuntimeError(f"{cmd}: {out.stderr[-500:]}")
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, wall
+
+
+def speed():
+    import tempfile
+    print("| command | cold: CPU s (wall s) | warm: CPU s (wall s) | load average |")
+    print("|---|---|---|---|")
+    for cmd in SPEED:
+        with tempfile.TemporaryDirectory() as folder:
+            cold = _timed(cmd, folder)
+            warm = _timed(cmd, folder)
+        print(f"| `memlab-fit {cmd}` | {cold[0]:.1f} ({cold[1]:.1f}) | {warm[0]:.1f} ({warm[1]:.1f}) | "
+              f"{os.getloadavg()[0]:.1f} |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", default=SEVEN_B)
+    ap.add_argument("--speed", action="store_true", help="only the command line's speed, cold and warm")
     args = ap.parse_args(argv)
+    if args.speed:
+        return speed()
     import memlab
     from memlab.quant.llama import silence_libraries
     silence_libraries()
