@@ -43,12 +43,14 @@ def test_bad_requests_say_what_is_allowed():
         assert "\n" not in str(e.value)
 
 
-def test_the_command_line_prints_the_limit():
+def test_the_command_line_prints_the_limit(tmp_path):
     import contextlib
     import io
+    import json
     from memlab.fitting.search import main
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        code = main(["memlab/fitting/configs/gpt2.json", "--gpu", "2", "--max-batch", "--seq", "128",
-                     "--no-search"])
+        code = main([str(config), "--gpu", "1", "--max-batch", "--seq", "512", "--headroom", "0", "--no-search"])
     assert code == 0 and "largest batch that fits:" in buf.getvalue() and "would need" in buf.getvalue()
