@@ -54,3 +54,18 @@ def test_the_command_line_prints_the_limit(tmp_path):
     with contextlib.redirect_stdout(buf):
         code = main([str(config), "--gpu", "1", "--max-batch", "--seq", "512", "--headroom", "0", "--no-search"])
     assert code == 0 and "largest batch that fits:" in buf.getvalue() and "would need" in buf.getvalue()
+
+
+def test_the_command_line_takes_the_context_measured_on_the_card(tmp_path):
+    """--context MIB replaces the cited CUDA context with the one measured on the user's card, for fit and fit_max."""
+    import contextlib
+    import io
+    from memlab.fitting.search import main
+    outs = []
+    for extra in ([], ["--context", "1341"]):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(["memlab/fitting/configs/gpt2.json", "--gpu", "4", "--seq", "64", "--no-search", *extra]) == 0
+        outs.append(buf.getvalue())
+    assert "(given)" in outs[1] and "1.31 GiB" in outs[1] and "(given)" not in outs[0]
+    assert main(["gpt2", "--context", "-1", "--no-search"]) == 2

@@ -109,8 +109,8 @@ def extras_of(plan: dict) -> str:
 def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: str = "train",
                precision: str = "auto", methods=("full", "lora", "qlora"), optimizers=("auto", "adamw8bit"),
                gpus=(1,), offload: bool = True, extras: bool = True, attention: str = "sdpa", lora_r: int = 16,
-               target_seq: int | None = None, headroom: float = HEADROOM, limit: int = 10,
-               progress=None) -> list[FitResult]:
+               target_seq: int | None = None, headroom: float = HEADROOM, context: int | None = None,
+               limit: int = 10, progress=None) -> list[FitResult]:
     """The cheapest combinations of techniques under which `model` fits on `gpu`, best first.
 
     Searched: method in `methods`, optimizer in `optimizers` (full fine-tuning only: LoRA adapters are
@@ -122,7 +122,8 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     at every checkpointing level the ones that cost no time (QLoRA's non-quantized parts in 16 bits, the chunked
     loss), with full checkpointing also the optimizer step in backward, paged optimizer state and activation
     offloading; the least-memory plan of a branch is the least of these.
-    `precision` is kept as asked. Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
+    `precision` is kept as asked; `context` as fit takes it (None: a recording of the card, else the cited figure).
+    Each result's `cost["extra_seconds"]` is `extra_seconds` (the cost model).
 
     Order: methods that change WHAT is trained come last - every full fine-tuning plan first, then LoRA,
     then QLoRA (pass methods= to choose) - then fewer GPUs, then the lower extra_seconds.
@@ -159,7 +160,7 @@ def fit_search(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, mode: st
     name = model if isinstance(model, str) else cfg["model_type"]
     precision = auto_precision(gpu) if precision == "auto" else precision
     base = dict(batch=batch, seq=seq, precision=precision, attention=attention, lora_r=lora_r, headroom=headroom,
-                mode=mode, target_seq=target_seq)
+                mode=mode, target_seq=target_seq, context=context)
     found: list[FitResult] = []
 
     def keep(r):
@@ -365,6 +366,11 @@ def main(argv=None) -> int:
                     help="with --method qlora: the dtype of the parts not quantized (embeddings, norms, head): fp32 "
                          "as peft's prepare_model_for_kbit_training leaves them, or 16bit as the QLoRA authors' "
                          "script casts them (default fp32)")
+    ap.add_argument("--context", type=float, default=None, metavar="MIB",
+                    help="MiB your process holds on the card outside its tensors (CUDA context, cuBLAS workspaces), "
+                         "as measured on your card: total_memory - torch.cuda.mem_get_info()[0] - "
+                         "torch.cuda.memory_reserved() after a first matmul (default: a recording of the card, else "
+                         "the cited 0.4 GiB + workspaces)")
     ap.add_argument("--headroom", type=float, default=HEADROOM,
                     help="share of the GPU kept free for the CUDA context and fragmentation (default 0.05)")
     from .run import cache_folder
@@ -403,6 +409,11 @@ def main(argv=None) -> int:
                    qlora_rest=args.qlora_rest, loss=args.loss, step_in_backward=args.step_in_backward,
                    paged=args.paged, activation_offload=args.activation_offload, target_seq=args.target_seq,
                    headroom=args.headroom)
+    if args.context is not None:
+        if not args.context >= 0:
+            print(f"memlab-fit: error: --context must be MiB >= 0, got {args.context}", file=sys.stderr)
+            return 2
+        options["context"] = int(args.context * 2**20)
     try:
         if args.max_seq or args.max_batch:
             from .limits import fit_max
@@ -418,6 +429,7 @@ def main(argv=None) -> int:
             plans = fit_search(args.model, gpu, batch=args.batch, seq=args.seq, mode=args.mode,
                                precision=args.precision, gpus=sorted({1, args.gpus}), attention=args.attention,
                                lora_r=args.lora_r, target_seq=args.target_seq, headroom=args.headroom,
+                               context=options.get("context"),
                                progress=lambda line: print("  " + line, flush=True))
             print("cheapest combinations that fit (full fine-tuning first, then LoRA, QLoRA; fewer GPUs first):")
             print(format_plans(plans))
