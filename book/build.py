@@ -132,6 +132,14 @@ def stage(out: Path, executed: list[str], root: Path = ROOT, jobs: int = 1) -> P
     return src
 
 
+def expected_seconds(root: Path = ROOT) -> dict[str, float]:
+    """{"lessons/NN_x.ipynb": seconds}: each lesson's run time as benchmarks/bench_notebooks.py last wrote it into
+    benchmarks/README.md (empty when there is no such table)."""
+    page = root / "benchmarks" / "README.md"
+    text = page.read_text() if page.exists() else ""
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| (lessons/\S+\.ipynb) \| ([\d.]+) \|", text, re.M)}
+
+
 # Run in a fresh interpreter per lesson: execute one staged notebook exactly as myst-nb's cache mode does
 # (jupyter_cache's single_nb_execution, in the notebook's folder) and write the executed notebook as JSON.
 _RUN_ONE = """
@@ -169,6 +177,13 @@ def execute_lessons(src: Path, executed: list[str], cache_path: Path, timeout: i
             + (f" ({ran:.0f} s): outputs from the cache" if ran else ": outputs from the cache"))
     if not todo:
         return []
+    # longest first, so that two workers finish together: the time of the lesson's last run in this cache, else the
+    # one benchmarks/bench_notebooks.py wrote into benchmarks/README.md, else first (unknown: maybe long)
+    took = expected_seconds()
+    for record in cache.list_cache_records():
+        rel = Path(record.uri).relative_to(src).as_posix() if Path(record.uri).is_relative_to(src) else record.uri
+        took[rel] = float(record.data.get("execution_seconds") or took.get(rel, 0.0))
+    todo.sort(key=lambda p: -took.get(p.relative_to(src).as_posix(), float("inf")))
     env = {**os.environ, "OMP_NUM_THREADS": str(kernel_threads(jobs)), "MKL_NUM_THREADS": str(kernel_threads(jobs))} \
         if jobs > 1 else dict(os.environ)
     log(f"running {len(todo)} lesson(s), {min(jobs, len(todo))} at a time"

@@ -86,6 +86,18 @@ def test_the_site_check_finds_build_paths_process_ids_and_foreign_installs(tmp_p
         assert what in said, (what, found)
 
 
+def test_lessons_are_run_longest_first_by_their_measured_times(tmp_path):
+    """The order the lessons run in comes from benchmarks/README.md's table of measured times (bench_notebooks.py),
+    so that two workers finish together."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "README.md").write_text(
+        "| notebook | seconds | result |\n|---|---|---|\n| lessons/00_a.ipynb | 16.1 | ok |\n"
+        "| lessons/04_b.ipynb | 54.0 | ok |\n| solutions/04_b/04_b.ipynb | 24.6 | ok |\n")
+    assert build.expected_seconds(tmp_path) == {"lessons/00_a.ipynb": 16.1, "lessons/04_b.ipynb": 54.0}
+    assert build.expected_seconds(tmp_path / "nowhere") == {}
+    assert set(build.expected_seconds()) <= {f"lessons/{p.name}" for p in (ROOT / "lessons").glob("*.ipynb")}
+
+
 def test_book_command_is_wired_into_course_py(capsys):
     import course
     assert "book" in course.COMMANDS
