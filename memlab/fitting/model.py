@@ -20,6 +20,7 @@ from ..quant.nf4 import Linear4bitStandIn
 from ..core.track import active_trackers, phase, watch
 from ..core.virtual_gpu import _CudaAutocastLists, cuda_autocast
 from .optimizers import AdamW8bitStandIn, make_optimizer  # noqa: F401  (their home: optimizers.py)
+from .practice import LOSS_CHUNKS, chunked_causal_lm_loss, offload_activations  # noqa: F401  (practice.py)
 from .architectures import (DECODER_DEPTH, HEAD_MODULES, KINDS, PEFT_TASK, TASKS, _get, _null,  # noqa: F401
                             build_causal_lm, build_model, cut_layers, decoder_layers, grouped_mm_any_dtype,
                             layer_stacks, model_depth, model_task, task_inputs, unpacked_sequences)
@@ -372,53 +373,3 @@ def _step_in_backward(model, trainable, info: dict, plan, autocast) -> dict:
     info["states"] = {k: v for k, v in trk[-1].breakdown().items()
                       if k in ("parameters", "gradients", "optimizer")} if trk else {}
     return info
-
-
-class offload_activations(torch.autograd.graph.saved_tensors_hooks):
-    """Activation offloading (torchtune's enable_activation_offloading, its OffloadActivations; PyTorch's
-    torch.autograd.graph.save_on_cpu) as the virtual GPU sees it: every tensor the forward saves for the backward
-    goes to the host, so the card's copy is freed when nothing else holds it, and comes back onto the card when the
-    backward needs it. As torchtune does, parameters (and views of them, such as a transposed weight) and tensors
-    under 1 KiB stay where they are. The virtual GPU's fake tensors report device "cpu" (memlab.VirtualGPU), so the
-    host copy here is a meta tensor, which nothing counts, and the tensor that comes back is a new one of the same
-    shape: bytes only (on real tensors use torch.autograd.graph.save_on_cpu). info["offloaded_bytes"] adds up what
-    went out, per save, as save_on_cpu copies each (an input saved by three projections goes out three times): the
-    PCIe traffic is twice that per micro-batch. enabled=False: a no-op."""
-    MIN_BYTES = 1024        # torchtune's min_offload_size
-
-    def __init__(self, info: dict, enabled: bool = True):
-        info.setdefault("offloaded_bytes", 0)
-
-        def pack(t):
-            if (not enabled or isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
-                    or t.numel() * t.element_size() < self.MIN_BYTES):
-                return t
-            info["offloaded_bytes"] += t.numel() * t.element_size()
-            return (t.device, torch.empty_like(t, device="meta"))     # on the host: off the card's books
-
-        def unpack(packed):
-            if isinstance(packed, torch.Tensor):
-                return packed
-            device, host = packed
-            return torch.empty_like(host, device=device)              # back on the card for the backward
-        super().__init__(pack, unpack)
-
-
-LOSS_CHUNKS = 8      # torchtune's CEWithChunkedOutputLoss default (num_output_chunks)
-
-
-def chunked_causal_lm_loss(model, x, chunks: int = LOSS_CHUNKS):
-    """Next-token cross-entropy of a causal LM with the output head applied chunk by chunk along the sequence, each
-    chunk's logits upcast to fp32 on their own (torchtune's CEWithChunkedOutputLoss): no (B, T, V) logits tensor,
-    fp32 or 16-bit, is ever whole. The mean over the B x (T - 1) predicted tokens, as HF's loss with labels=x."""
-    base = _base(model)
-    h = base.get_decoder()(input_ids=x).last_hidden_state[:, :-1]      # (B, T-1, C): positions that predict
-    y = x[:, 1:]                                                        # (B, T-1): the next tokens
-    head = base.get_output_embeddings()
-    total = 0
-    for hc, yc in zip(h.chunk(chunks, dim=1), y.chunk(chunks, dim=1)):
-        logits = head(hc).float()                                       # (B, T/chunks, V) fp32: one chunk only
-        total = total + torch.nn.functional.cross_entropy(logits.flatten(0, 1), yc.flatten(), reduction="sum")
-    return total / y.numel()
-
-
