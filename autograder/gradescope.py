@@ -8,8 +8,10 @@ zip holds `setup.sh`, run once when the image is built, and `run_autograder`, ru
 unpacked into /autograder/source, the learner's files are in /autograder/submission, and the results go to
 /autograder/results/results.json as {"score", "output", "tests": [{"name", "score", "max_score", "output"}]}.
 
-Here setup.sh installs Python, bubblewrap and the grading's dependencies only, every version pinned to the
-environment that built this zip (`requirements.txt`, CPU PyTorch) into /opt/memlab/venv, readable by every user.
+Here setup.sh installs Python, bubblewrap and the grading's dependencies only (`requirements.txt`: what grading
+imports and what that needs), every version held by the course's `constraints.txt`, whose markers pick the tested
+version for the image's Python 3.10-3.13 (CPU PyTorch at the version that built this zip), into /opt/memlab/venv,
+readable by every user; another Python is refused in one line.
 The course itself is never installed there: run_autograder runs the grader from /autograder/source, which it first
 makes private to root, as it does the submission. So the learner's process, whichever line protects it
 (bubblewrap where it can run; in Gradescope's containers, where bubblewrap cannot mount /proc, a user of its own:
@@ -44,13 +46,19 @@ SETUP_SH = """#!/usr/bin/env bash
 set -euo pipefail
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap
+python3 - <<'CHECK'
+import sys
+if sys.version_info[:2] not in ((3, 10), (3, 11), (3, 12), (3, 13)):
+    sys.exit(f"setup.sh: GPU Memory Lab grades on Python 3.10-3.13; this image's python3 is {sys.version.split()[0]}: "
+             f"choose an Ubuntu 22.04 or newer base image")
+CHECK
 python3 -m venv %(venv)s
 PIP=%(venv)s/bin/pip
 $PIP install -q --upgrade pip
-# CPU PyTorch (graders need no GPU), then what grading imports, every version pinned; the course is not installed:
-# run_autograder runs it from /autograder/source, private to root
+# CPU PyTorch (graders need no GPU), then what grading imports, each held to the version the course's constraints
+# give this Python; the course is not installed: run_autograder runs it from /autograder/source, private to root
 $PIP install -q --index-url https://download.pytorch.org/whl/cpu "torch==$(cat /autograder/source/torch-version.txt)"
-$PIP install -q --no-deps -r /autograder/source/requirements.txt
+$PIP install -q -c /autograder/source/constraints.txt -r /autograder/source/requirements.txt
 chmod -R a+rX /opt/memlab
 """ % {"venv": VENV}
 
@@ -68,8 +76,8 @@ PYTHONPATH="$ROOT/source" exec "$PY" -m autograder.gradescope run --root "$ROOT"
 
 
 def requirements(roots=GRADING) -> list[str]:
-    """name==version for `roots` and everything they depend on in this environment (markers evaluated here), torch
-    excepted (setup.sh takes the CPU build): what the image installs, nothing floating."""
+    """The names of `roots` and of everything they depend on in this environment (markers evaluated here), torch
+    excepted (setup.sh takes the CPU build): what the image installs; the versions come from constraints.txt."""
     from packaging.requirements import Requirement
     seen, todo, out = set(), list(roots), []
     while todo:
@@ -83,7 +91,7 @@ def requirements(roots=GRADING) -> list[str]:
         except metadata.PackageNotFoundError:
             continue
         if key != "torch" and not key.startswith(("nvidia-", "triton")):
-            out.append(f"{dist.metadata['Name']}=={dist.version}")
+            out.append(dist.metadata["Name"])
         for raw in dist.requires or []:
             req = Requirement(raw)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
@@ -120,6 +128,7 @@ def build(assignment: str, out: Path, release: Path | None = None) -> Path:
         torch_version = (_version("torch") or "2.13.0").split("+")[0]
         (src / "torch-version.txt").write_text(torch_version + "\n")
         (src / "requirements.txt").write_text("\n".join(requirements()) + "\n")
+        shutil.copy(ROOT / "constraints.txt", src / "constraints.txt")
         (src / "setup.sh").write_text(SETUP_SH)
         (src / "run_autograder").write_text(RUN_AUTOGRADER)
         path = out / f"{assignment}-gradescope.zip"

@@ -87,6 +87,25 @@ def test_run_autograder_scores_as_memlab_grade_check(built, who):
         assert res["score"] == {"solution": FULL, "blank": 0}[who], res
 
 
+def test_the_image_installs_only_what_grading_needs_every_version_held(built):
+    """setup.sh installs what grading imports and what that needs (requirements.txt: names) with the course's
+    constraints.txt, which holds a version of every one of them for each Python 3.10-3.13 (tests/test_course.py
+    resolves that file per Python); not JupyterLab, pytest or the book's tools; the course itself never."""
+    import re
+    _, zip_path, _ = built
+    with zipfile.ZipFile(zip_path) as z:
+        wanted = z.read("requirements.txt").decode().split()
+        held = z.read("constraints.txt").decode()
+        setup = z.read("setup.sh").decode()
+    norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()             # noqa: E731 - PEP 503 names
+    pinned = {norm(line.split("==")[0]) for line in held.splitlines() if "==" in line and not line.startswith("#")}
+    assert wanted and all("==" not in w for w in wanted)
+    assert {norm(w) for w in wanted} <= pinned, sorted({norm(w) for w in wanted} - pinned)
+    assert not {norm(w) for w in wanted} & {"jupyterlab", "pytest", "ruff", "jupyter-book", "nbgrader"}
+    assert "-c /autograder/source/constraints.txt" in setup and "3.10-3.13" in setup
+    assert "/autograder/source[" not in setup and "pip install -q -e" not in setup, "the course is never installed"
+
+
 def test_an_unknown_assignment_is_refused_with_the_choices(tmp_path):
     with pytest.raises(SystemExit, match="unknown assignment"):
         gradescope.build("no_such_exercise", tmp_path)
