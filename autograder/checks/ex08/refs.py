@@ -9,6 +9,7 @@ import functools
 import torch
 
 import memlab
+from memlab.core.gpus import usable_bytes
 from memlab.kit.ex08 import (METHODS, OPTIMIZERS, PRECISIONS, build_tiny, fit_options, n_micro, one_thread,
                              plan_error, tiny_batch, usable)
 
@@ -37,8 +38,8 @@ def _plain_run(problem, plan, seed, data_seed, steps):
     return grads, [p.detach().float().clone() for p in params]
 
 
-def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> tuple[int, int]:
-    """The grader's own step of the plan on the small twin (micro-batches of plan["micro_batch"], each mean loss
+def reference_memory_peak(problem, plan, seed: int, data_seed: int, size: str = "small") -> tuple[int, int]:
+    """The grader's own step of the plan on the twin of `size` (micro-batches of plan["micro_batch"], each mean loss
     weighted by its share, backward per micro-batch, one step), twice; the second step's peak, and the bytes still
     alive when it has returned."""
     def step(model, opt, x, y):
@@ -50,10 +51,10 @@ def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> tuple[int
         opt.step()
         opt.zero_grad(set_to_none=True)
     with one_thread():
-        model, opt = build_tiny(problem, plan, seed, "small")
+        model, opt = build_tiny(problem, plan, seed, size)
         gen = torch.Generator().manual_seed(data_seed)
-        step(model, opt, *tiny_batch(problem, gen, "small"))
-        x, y = tiny_batch(problem, gen, "small")
+        step(model, opt, *tiny_batch(problem, gen, size))
+        x, y = tiny_batch(problem, gen, size)
         with memlab.MemoryTracker(model, opt, device="cpu") as trk:
             step(model, opt, x, y)
             end = int(trk.current)
@@ -62,17 +63,25 @@ def reference_memory_peak(problem, plan, seed: int, data_seed: int) -> tuple[int
 
 # ----------------------------------------------------------------------------- memlab.fit, cached
 def _key(problem, plan):
+    """What memlab.fit's answer for the plan depends on, the headroom aside (the verdict is computed from it here):
+    a full fine-tune's lora_r changes nothing, so it is one key whatever the problem's rank."""
     o = fit_options(problem, plan)
     o.pop("headroom")
+    if plan["method"] == "full":
+        o["lora_r"] = 8
     return problem["model"], problem["gpu"], tuple(sorted(o.items()))
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=1024)
 def _fit(key):
+    """memlab.fit's run of a plan, kept as plain numbers: (peak, model states, capacity, needed = reserved + the
+    CUDA context, trainable parameters). memlab.fit keeps each measured step on disk too (MEMLAB_FIT_CACHE): the
+    grader's case generator, its judges and the next run read it back."""
     model, gpu, opts = key
     r = _FIT(model, gpu, **dict(opts))
     _N_PARAMS[model] = int(r.n_params)
-    return int(r.peak), {k: int(v) for k, v in r.model_states.items()}, int(r.capacity)
+    return (int(r.peak), {k: int(v) for k, v in r.model_states.items()}, int(r.capacity), int(r.needed),
+            int(r.trainable))
 
 
 _N_PARAMS: dict = {}
@@ -82,16 +91,65 @@ def fit_peak(problem, plan) -> int:
     return _fit(_key(problem, plan))[0]
 
 
+def measured(problem, plan) -> tuple[int, int, int]:
+    """(peak, needed, capacity) in bytes of memlab.fit's run of the plan: it fits where needed <= usable bytes."""
+    peak, _, capacity, needed, _ = _fit(_key(problem, plan))
+    return peak, needed, capacity
+
+
 def fits(problem, plan) -> bool:
-    """memlab.fit's verdict for the plan with the problem's headroom."""
-    return bool(_FIT(problem["model"], problem["gpu"], **fit_options(problem, plan)).fits)
+    """memlab.fit's verdict for the plan with the problem's headroom: reserved + context <= capacity x (1 -
+    headroom) (FitResult.fits, computed from the same numbers; tests/test_checks_ex08.py compares the two)."""
+    peak, needed, capacity = measured(problem, plan)
+    return needed <= usable_bytes(capacity, problem["headroom"])
 
 
 def reference_states(problem, plan) -> dict:
     """{"parameters", "gradients", "optimizer"}: bytes on the GPU just after the optimizer step, by memlab.fit
     (they do not depend on batch, seq, micro-batches or checkpointing: measured at batch 1 x 32 tokens)."""
-    small = {**problem, "batch": 1, "seq": 32}
-    return dict(_fit(_key(small, {**plan, "micro_batch": 1, "checkpointing": True}))[1])
+    return dict(_fit(_state_key(problem, plan))[1])
+
+
+def _state_key(problem, plan):
+    return _key({**problem, "batch": 1, "seq": 32}, {**plan, "micro_batch": 1, "checkpointing": True})
+
+
+# ----------------------------------------------------------------------------- task8_2: what each mistake weighs
+@functools.lru_cache(maxsize=4)
+def _tensor_sizes(model: str) -> tuple[tuple[int, ...], int]:
+    """(values of every parameter tensor, values of the decoder layers' linear weights) of the model, counted on a
+    meta-device model built by transformers from its config (no memory, no formula)."""
+    from transformers import AutoModelForCausalLM
+    from memlab.fitting.config import load_config
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(load_config(model))
+    sizes = tuple(p.numel() for p in m.parameters())
+    linear = sum(mod.weight.numel() for layer in m.model.layers for mod in layer.modules()
+                 if isinstance(mod, torch.nn.Linear))
+    return sizes, linear
+
+
+def mistake_weights(problem, plan) -> dict:
+    """category -> the bytes the smallest mistake the task must catch weighs in memlab.fit's own count of this plan
+    (absent: no small mistake there, the plain tolerance holds). Each is memlab.fit's number less the same count
+    without the part (the model's tensor sizes from a meta-device model, the trainable count from memlab.fit):
+    - QLoRA parameters: NF4's constants (an absmax byte per block of 64, double quantization's fp32 per 256 of
+      those, the code tables): what a count of half a byte per 4-bit weight misses;
+    - full fine-tuning with AdamW8bit, no offload, optimizer: the 8-bit state's fp32 absmax per block of 256;
+    - LoRA parameters: the frozen base in the other precision (2 bytes a weight).
+    """
+    states = reference_states(problem, plan)
+    trainable = _fit(_state_key(problem, plan))[4]
+    sizes, linear = _tensor_sizes(problem["model"])
+    n = sum(sizes)
+    out = {}
+    if plan["method"] == "qlora":
+        out["parameters"] = states["parameters"] - (4 * (n - linear) + linear // 2 + 4 * trainable)
+    elif plan["method"] == "lora":
+        out["parameters"] = 2 * n
+    elif plan["optimizer"] == "adamw8bit" and not plan["offload"]:
+        out["optimizer"] = states["optimizer"] - sum(2 * k if k >= 4096 else 8 * k for k in sizes)
+    return out
 
 
 # ----------------------------------------------------------------------------- task8_3: the order and the grid
@@ -126,7 +184,7 @@ def weights_floor(problem, plan) -> int:
     precision, and for full fine-tuning without offload a gradient as large (memlab.fit's parameter count; a
     lower bound of its model states, which are a lower bound of its peak). 0 for QLoRA."""
     if problem["model"] not in _N_PARAMS:
-        _fit(_key({**problem, "batch": 1, "seq": 32}, {**plan, "micro_batch": 1, "checkpointing": True}))
+        _fit(_state_key(problem, plan))
     n, d = _N_PARAMS[problem["model"]], 4 if plan["precision"] == "fp32" else 2
     if plan["method"] == "qlora":
         return 0
@@ -146,6 +204,54 @@ def fitting_before(problem, key) -> dict | None:
         if fits(problem, plan):
             return plan
     return None
+
+
+def offload_branch(problem) -> dict:
+    """The branch of full fine-tuning in pure bf16 with AdamW and ZeRO-Offload (the problem's rank, unused)."""
+    return {"method": "full", "lora_r": problem["lora_r"], "precision": "bf16", "optimizer": "adamw",
+            "offload": True}
+
+
+def trap_windows(problem, headrooms=(0.01, 0.2)) -> list[tuple[int, int, int]]:
+    """Where, in usable bytes, a problem whose first branch with room is full fine-tuning in pure bf16 with
+    ZeRO-Offload teaches both of the order's finer points: [(m, lo, hi), ...] such that with lo <= usable < hi
+    - the first plan that fits is (no checkpointing, micro_batch m), with m < the batch: every plan of the branch
+      without checkpointing and larger micro-batches needs more than the usable bytes;
+    - the plan just before it peaks at most at the usable bytes but does not fit: a plan_for that compares
+      measure(plan)["peak"] with the usable bytes instead of reading measure(plan)["fits"] returns it;
+    - checkpointing the whole batch fits too: a plan_for that tries fewer micro-batches before no checkpointing
+      returns that plan;
+    and the headroom stays within `headrooms`. Measured with memlab.fit (each run kept on disk for the judge)."""
+    B = problem["batch"]
+    branch = offload_branch(problem)
+    mbs = [d for d in range(B, 0, -1) if B % d == 0]
+    plain = {m: measured(problem, {**branch, "checkpointing": False, "micro_batch": m}) for m in mbs}
+    _, ck_needed, capacity = measured(problem, {**branch, "checkpointing": True, "micro_batch": B})
+    out = []
+    for i in range(1, len(mbs)):
+        m, before = mbs[i], mbs[i - 1]
+        lo = max(plain[m][1], plain[before][0], ck_needed, usable_bytes(capacity, headrooms[1]))
+        hi = min(min(plain[k][1] for k in mbs[:i]), usable_bytes(capacity, headrooms[0]))
+        if hi - lo >= 2**24:                                   # 16 MiB at least: room for a drawn headroom
+            out.append((m, lo, hi))
+    return out
+
+
+def trap_headroom(problem, r) -> float | None:
+    """A headroom drawn with `r` inside one of trap_windows(problem) (None: there is none), with 4 decimals."""
+    windows = trap_windows(problem)
+    if not windows:
+        return None
+    _, lo, hi = r.choice(windows)
+    capacity = measured(problem, {**offload_branch(problem), "checkpointing": True,
+                                  "micro_batch": problem["batch"]})[2]
+    for _ in range(100):
+        h = round(1 - r.uniform(lo + (hi - lo) / 8, hi - (hi - lo) / 8) / capacity, 4)
+        if lo <= usable_bytes(capacity, h) < hi:
+            return h
+    return None
+
+
 def reference_plan(problem) -> dict | None:
     """The cheapest plan that fits (None: none does)."""
     return fitting_before(problem, (99,))
