@@ -6,6 +6,7 @@ of memlab.MemoryTracker, or a wrapper that delegates to one, calls them)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -81,6 +82,11 @@ def _live_steps(case, LiveBytes):
     seen = []
 
     def note():
+        if sys.version_info < (3, 11):
+            # Python 3.10's profile hook (no_tracker_calls) copies this function's caller's locals into a dict at
+            # each C call it makes, and a name deleted since stays in that copy, holding its tensor, until the next
+            # one: refresh the copy so that `del v` frees v's storage before it is counted
+            sys._getframe(1).f_locals
         seen.append([_as_int(mode.current), _as_int(mode.peak)])
 
     with mode:
