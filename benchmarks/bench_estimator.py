@@ -2,7 +2,7 @@
 
 For each zoo entry (benchmarks/zoo.py), the peak measured by memlab's tracker
 against three predictions:
-  memlab      memlab.estimate (walks the step: model states, activations, scratch)
+  memlab      memlab.core.estimate (walks the step: model states, activations, scratch)
   deepspeed   estimate_zero2_model_states_mem_needs, 1 GPU, no offload: model states only (2 + 18 B/param)
   accelerate  `accelerate estimate-memory`'s training figure: 4 x the fp32 model size (16 B/param)
 Target: memlab within 3% everywhere.

@@ -1,4 +1,4 @@
-"""This machine's memory hierarchy and roofline, measured with memlab.hierarchy:
+"""This machine's memory hierarchy and roofline, measured with memlab.hardware.hierarchy:
 
   * copy bandwidth (dst.copy_(src), read + write counted) and read bandwidth
     (a stride-0 sum that re-reads the working set inside one call) by working-set
@@ -6,7 +6,7 @@
   * achieved matmul FLOP/s by size (fp32 on a CPU; fp32, fp16, bf16 on CUDA, where
     fp32 runs on CUDA cores: PyTorch leaves TF32 off by default), and the measured ridge;
   * on CUDA also host<->device transfer bandwidth, pageable and pinned, and the
-    measured figures as a fraction of the GPU's data sheet (memlab.hierarchy.GPU_SPECS).
+    measured figures as a fraction of the GPU's data sheet (memlab.hardware.hierarchy.GPU_SPECS).
 
     python benchmarks/bench_hierarchy.py [--threads 1] [--reps 7] [--device cpu|cuda]
 
@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from memlab import format_bytes  # noqa: E402
-from memlab import hierarchy as H  # noqa: E402
+from memlab.hardware import hierarchy as H# noqa: E402
 
 
 def both(measure, **kw):

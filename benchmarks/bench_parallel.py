@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memlab import dist, format_bytes as fmt  # noqa: E402
+from memlab import format_bytes as fmt, sharding  # noqa: E402
 from memlab.parallel import (bubble_fraction, in_flight_microbatches, layer_activation_bytes,  # noqa: E402
                              tp_comm_per_layer, tp_param_bytes)
 from memlab.parallel import runs  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     t0 = time.time()
     for n in a.ranks:
-        with dist.RankGroup(n, preload=PRELOAD, timeout=300) as group:
+        with sharding.RankGroup(n, preload=PRELOAD, timeout=300) as group:
             print(f"\n## {n} ranks\n")
             tp_rows(group, n)
             print()

@@ -14,7 +14,7 @@ Prints markdown tables.
            ||w - w_hat|| / ||w||; bits per parameter from the stored tensors (code tables aside).
   step     one QLoRA step (bitsandbytes NF4 + double quantization, peft LoRA r=8, the
            prepare_model_for_kbit_training recipe, torch AdamW, first step) on memlab's tiny Llama on
-           the CPU, by category, against memlab.qlora.qlora_bytes (mask_bytes=4: CPU dropout).
+           the CPU, by category, against memlab.quant.qlora.qlora_bytes (mask_bytes=4: CPU dropout).
   7b       Llama-2-7B shapes on the virtual GPU (fake tensors, 512-byte rounding): one step of full
            fine-tuning in bf16 (AdamW, bf16 state), LoRA on a bf16 base and QLoRA (NF4 stand-in), LoRA
            r=16 alpha=32 dropout 0.05 on q,k,v,o, checkpointing, batch 1; the QLoRA estimator beside.
@@ -39,8 +39,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import memlab  # noqa: E402
-from memlab import llama as LL  # noqa: E402
-from memlab import qlora as QL  # noqa: E402
+from memlab.quant import llama as LL# noqa: E402
+from memlab.quant import qlora as QL# noqa: E402
 from memlab import quant as Q  # noqa: E402
 from memlab.core.models import tiny_llama_config  # noqa: E402
 
@@ -111,7 +111,7 @@ def _measure_step(model, batch, seq):
 def bench_step(batch: int, seq: int) -> str:
     cfg = tiny_llama_config()
     lines = [f"### One QLoRA step on the tiny Llama (CPU, batch {batch} x {seq}): "
-             "measured vs memlab.qlora.qlora_bytes\n",
+             "measured vs memlab.quant.qlora.qlora_bytes\n",
              "| adapters (r=8) | dropout | checkpointing | parameters | gradients | optimizer | activations "
              "| peak measured | peak predicted | predicted - measured | stand-in = real |",
              "|---|---:|---|" + "---:|" * 7 + "---|"]
@@ -130,7 +130,8 @@ def bench_step(batch: int, seq: int) -> str:
                              f"{fmt(e.peak)} | {100 * (e.peak - got['peak']) / got['peak']:+.1f}% | "
                              f"{'yes' if same else 'no'}{'' if got['peak'] == stand['peak'] else ' (peak differs)'} |")
     lines.append("\n(parameters ... activations: measured minus predicted; 'exact' = equal to the byte. "
-                 "stand-in = real: memlab.llama.finetune_llama's Linear4bitStandIn model against bitsandbytes + peft.)")
+                 "stand-in = real: memlab.quant.llama.finetune_llama's Linear4bitStandIn model against bitsandbytes "
+                 "+ peft.)")
     return "\n".join(lines)
 
 

@@ -2,13 +2,13 @@
 
 For every run and every rank: the model-state bytes when autograd's backward pass ends
 (memlab's tracker inside the rank) against the per-rank formula (Rajbhandari et al. 2020, K = 12),
-the peak of the step, the bytes the rank sends per step (memlab.dist.CommCounter, ring
+the peak of the step, the bytes the rank sends per step (memlab.sharding.CommCounter, ring
 accounting) against the paper's communication volume, and the step time.
 
     python benchmarks/bench_zero.py [--ranks 2 4] [--reps 3] [--threads 1]
 
-The model is lesson 06's tiny GPT (memlab.zero_train.model_config(), Psi = 867,072), bf16 with
-torch's AdamW, buckets of 2^17 elements, textbook stage 3 (memlab.zero_train.ds_config). Step
+The model is lesson 06's tiny GPT (memlab.sharding.zero_train.model_config(), Psi = 867,072), bf16 with
+torch's AdamW, buckets of 2^17 elements, textbook stage 3 (memlab.sharding.zero_train.ds_config). Step
 times are the fastest of `reps` runs of the measured (second) step, the slowest rank's; wall time
 includes waiting for the other ranks, CPU time is the rank's own process time (which other programs
 on the same cores do not inflate). On a shared 2-core machine both are noisy; bytes are exact.
@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memlab import dist, format_bytes as fmt  # noqa: E402
-from memlab import zero_train as zt  # noqa: E402
+from memlab import format_bytes as fmt, sharding  # noqa: E402
+from memlab.sharding import zero_train as zt# noqa: E402
 from memlab.core.estimate import zero_model_state_bytes  # noqa: E402
-from memlab.dist.zero import comm_volume  # noqa: E402
+from memlab.sharding.zero import comm_volume  # noqa: E402
 
 PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "torch.distributed.fsdp")
 STATES = ("parameters", "gradients", "optimizer")
@@ -70,7 +70,7 @@ def main(argv=None):
           f"{'sent/rank':>10} {'paper':>10} {'x DP':>5} {'wall s':>7} {'cpu s':>6}")
     for n in args.ranks:
         t0 = time.time()
-        with dist.RankGroup(n, preload=PRELOAD, threads=args.threads, timeout=600) as g:
+        with sharding.RankGroup(n, preload=PRELOAD, threads=args.threads, timeout=600) as g:
             dp_sent = None
             for label, stage, fn, kwargs in runs():
                 res, wall, cpu = measure(g, fn, kwargs, args.reps)

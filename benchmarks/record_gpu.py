@@ -17,7 +17,7 @@ Runs, in this order (the first two must see a fresh process):
                  after each, and the virtual GPU's answer for the same free memory
 
 It writes memlab/hardware/recordings/<gpu>.json (GPU name, driver, CUDA, torch, date, the command) and
-<gpu>.snapshot.pickle beside it; memlab.recorded loads them. Without CUDA it refuses and writes nothing.
+<gpu>.snapshot.pickle beside it; memlab.hardware.recorded loads them. Without CUDA it refuses and writes nothing.
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def main(argv: list[str]) -> int:
             print("FAILED\n" + traceback.format_exc(), flush=True)
     path = write_recording(meta, experiments, args.out)
     print(f"wrote {path}" + (f" and {snap.name}" if snap.exists() else ""))
-    print(memlab.recorded.Recording.from_file(path).show())
+    print(memlab.hardware.recorded.Recording.from_file(path).show())
     if failed:
         print(f"experiments that failed (recorded as errors): {failed}", file=sys.stderr)
         return 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import memlab
-from memlab import estimate as E
+from memlab.core import estimate as E
 
 ZOO = [
     ("mlp", dict(batch=64, d_in=256, width=512, depth=4, d_out=10), "adam", "fp32"),
@@ -60,7 +60,7 @@ def build(entry, seed=0):
 
 
 def measure(entry, first_step: bool):
-    """(measured peak bytes from the tracker, memlab.estimate's Estimate, the model)."""
+    """(measured peak bytes from the tracker, memlab.core.estimate's Estimate, the model)."""
     model, make, est = build(entry)
     opt = optimizer(entry[2], model.parameters())
     amp = torch.bfloat16 if entry[3] == "amp" else None

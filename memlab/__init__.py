@@ -7,7 +7,7 @@
     clinic        the OOM clinic's patients                                           (lesson 04)
     attention     naive, tiled and library attention, the KV cache                    (lesson 05)
     attention_io  the HBM bytes attention moves: IO complexity, counted                (lesson 05)
-    dist/         ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
+    sharding/     ranks, collectives, ZeRO, DeepSpeed and FSDP2                       (lesson 06)
     quant/        NF4, double quantization, QLoRA, 8-bit optimizers                   (lesson 07)
     fitting/      will it fit: memlab.fit, memlab.fit_max, memlab.fit_search, memlab-fit (lesson 08)
     parallel/     tensor, sequence, pipeline and context parallelism                  (lesson 09)
@@ -28,7 +28,7 @@ from .attention import naive_attention, attention_bytes, kv_cache_bytes, sdpa_ba
 from .core.gpus import HEADROOM, usable_bytes
 from .hardware.hierarchy import GPU_SPECS, GPUDataSheet, MeasuredRoof, roofline
 from .hardware.timing import copy_bandwidth, time_fn
-from . import attention, checkpointing, clinic, dist, parallel, planning, plot, quant, widgets  # noqa: E402
+from . import attention, checkpointing, clinic, parallel, planning, plot, quant, sharding, widgets  # noqa: E402
 # will it fit: transformers and peft load inside the functions; memlab.fit and memlab.fit_search are functions
 from .fitting import FitMax, FitResult, fit, fit_max, fit_presets, fit_search  # noqa: E402
 
@@ -38,21 +38,69 @@ __all__ = ["DeviceInfo", "describe", "on_colab", "pick_device", "CATEGORIES", "M
            "HEADROOM", "usable_bytes", "GPU_SPECS", "GPUDataSheet", "MeasuredRoof", "roofline", "copy_bandwidth",
            "time_fn",
            "fit", "fit_search", "FitResult", "fit_presets", "fit_max", "FitMax",
-           "attention", "checkpointing", "clinic", "dist", "parallel", "planning", "plot", "quant", "widgets"]
+           "attention", "checkpointing", "clinic", "parallel", "planning", "plot", "quant", "sharding", "widgets"]
 __version__ = "0.1.0"
 
-# Module paths from before memlab was grouped by technique, kept so that notebooks written against them (a
-# learner's my-work/ copy) still import: `from memlab.models import GPT` is `from memlab.core.models import GPT`.
+# Module paths from before memlab was grouped by technique (and memlab.dist, now memlab.sharding), kept only so that a
+# learner's older copy of a notebook still imports: `from memlab.models import GPT` is `from memlab.core.models
+# import GPT`. Each warns once, naming the path to use; the course itself uses the grouped paths (tests/test_repo.py).
 LEGACY_MODULES = {
     "device": "core.device", "track": "core.track", "virtual_gpu": "core.virtual_gpu", "estimate": "core.estimate",
     "models": "core.models", "gpu_specs": "core.gpus", "hierarchy": "hardware.hierarchy",
-    "timing": "hardware.timing", "recorded": "hardware.recorded", "comm": "dist.comm", "zero": "dist.zero",
-    "zero_scale": "dist.zero_scale", "zero_train": "dist.zero_train", "qlora": "quant.qlora", "llama": "quant.llama",
-    "fit_model": "fitting.model", "fit_run": "fitting.run",
+    "timing": "hardware.timing", "recorded": "hardware.recorded", "dist": "sharding", "comm": "sharding.comm",
+    "zero": "sharding.zero", "zero_scale": "sharding.zero_scale", "zero_train": "sharding.zero_train",
+    "qlora": "quant.qlora", "llama": "quant.llama", "fit_model": "fitting.model", "fit_run": "fitting.run",
 }
-for _old, _new in LEGACY_MODULES.items():
-    _sys.modules[f"{__name__}.{_old}"] = globals()[_old] = _importlib.import_module(f"{__name__}.{_new}")
-del _old, _new
+_WARNED: set = set()
+
+
+def _grouped(fullname: str) -> str | None:
+    """memlab.<old>[.rest] -> memlab.<new>[.rest] for a legacy path, else None."""
+    head, _, rest = fullname.partition(".")
+    old, _, tail = rest.partition(".")
+    if head != __name__ or old not in LEGACY_MODULES:
+        return None
+    if old not in _WARNED:
+        _WARNED.add(old)
+        import warnings
+        warnings.warn(f"memlab.{old} is now memlab.{LEGACY_MODULES[old]}: the old path still works, for older "
+                      f"notebooks", FutureWarning, stacklevel=4)
+    return f"{__name__}.{LEGACY_MODULES[old]}" + (f".{tail}" if tail else "")
+
+
+def __getattr__(name: str):
+    """memlab.<old>: the grouped module, with a warning the first time."""
+    new = _grouped(f"{__name__}.{name}")
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _importlib.import_module(new)
+
+
+class _LegacyPaths:
+    """`import memlab.<old>` and `from memlab.<old> import x`: the grouped module itself (one module object under
+    both names, so a patch or an isinstance check sees the same thing)."""
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        new = _grouped(fullname)
+        if new is None:
+            return None
+        import importlib.util
+        module = _importlib.import_module(new)
+        return importlib.util.spec_from_loader(fullname, cls._Loader(module), is_package=hasattr(module, "__path__"))
+
+    class _Loader:
+        def __init__(self, module):
+            self.module, self.spec = module, module.__spec__
+
+        def create_module(self, spec):
+            return self.module
+
+        def exec_module(self, module):
+            module.__spec__ = self.spec          # the grouped module keeps its own spec
+
+
+_sys.meta_path.insert(0, _LegacyPaths)      # before the path finder, which would load a second copy
 
 # The one place the course's GitHub repository is named: Colab badges and the
 # Colab setup cell are built from it (tests/test_notebooks.py checks they agree).

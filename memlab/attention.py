@@ -198,7 +198,7 @@ def llama_param_count(n_layer: int, n_head: int, n_kv_head: int, head_dim: int, 
     """Parameters of a Llama decoder (untied embedding and head, RMSNorm, SwiGLU):
     per layer q and o projections 2*C*H*d, k and v 2*C*H_kv*d, MLP 3*C*F, two norms
     2*C; plus embedding and head 2*V*C and the final norm C. Llama-2-7B: 6,738,415,616.
-    The count is `memlab.estimate.llama_param_groups` (its "total")."""
+    The count is `memlab.core.estimate.llama_param_groups` (its "total")."""
     return llama_param_groups(n_layer, n_head, n_kv_head, head_dim, hidden, ffn, vocab)["total"]
 
 

@@ -1,6 +1,6 @@
 """Measuring activation checkpointing: the activation bytes of one forward +
 backward, a forward-call counter that sees recomputations, a stack of simple
-residual blocks. (Chen et al.'s 2016 peak formula is memlab.estimate.chen_segment_peak.)
+residual blocks. (Chen et al.'s 2016 peak formula is memlab.core.estimate.chen_segment_peak.)
 
 What is measured: `activation_peak` runs `loss = fn(*args)` and
 `loss.backward()` under a `MemoryTracker` that watches the model, with every

@@ -2,8 +2,8 @@
 training layout and an optimizer, and see model-state bytes against each GPU
 preset's real capacity.
 
-The numbers come from `memlab.estimate.model_state_bytes` (weights, gradients,
-optimizer state in a layout of `memlab.estimate.LAYOUTS`), plus, optionally,
+The numbers come from `memlab.core.estimate.model_state_bytes` (weights, gradients,
+optimizer state in a layout of `memlab.core.estimate.LAYOUTS`), plus, optionally,
 the scratch of a foreach (CUDA-default) Adam step, a transient of step() that
 fused=True does not have. Activations depend on the model's shape, so they are
 left to the lessons that measure them.

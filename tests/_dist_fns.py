@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from memlab.dist import CommCounter
+from memlab.sharding import CommCounter
 
 
 def whoami(x):
@@ -91,7 +91,7 @@ def deepspeed_model_states(stage, steps=2):
     "moments": AdamW's exp_avg and exp_avg_sq, "n_params": ...}. Every parameter is partitioned at stage 3
     (stage3_param_persistence_threshold 0: DeepSpeed keeps parameters below 1e5 elements whole by default)."""
     from transformers import LlamaForCausalLM
-    from memlab import zero_train as zt
+    from memlab.sharding import zero_train as zt
     from memlab.core.models import tiny_llama_config
     deepspeed = zt.quiet_deepspeed()
     torch.manual_seed(0)

@@ -136,7 +136,7 @@ def test_tracker_stream_replays_to_the_trackers_peak():
 
 # ----------------------------------------------------------------------------- against a real GPU's recording
 def test_replay_matches_a_recorded_gpu():
-    rec = memlab.recorded.load()
+    rec = memlab.hardware.recorded.load()
     if rec is None or "rounding" not in rec.experiments:
         pytest.skip("no GPU recording with the 'rounding' experiment (benchmarks/record_gpu.py writes one)")
     for row in rec.experiment("rounding")["rows"]:

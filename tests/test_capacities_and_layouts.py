@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import memlab
-from memlab import estimate as E
+from memlab.core import estimate as E
 from memlab.plot import breakdown_bar
 from memlab.core.virtual_gpu import CUDA_CONTEXT_GB, PRESETS, cuda_autocast, lookup_preset
 from memlab.widgets import calculator_rows
@@ -38,7 +38,7 @@ def test_presets_are_what_the_cards_report_not_nominal_gib():
 def test_one_gpu_table_gives_the_same_presets_and_data_sheets():
     # memlab.core.gpus.GPUS holds each card once; PRESETS and GPU_SPECS are views of it, with these numbers
     from memlab.core import gpus
-    from memlab.hierarchy import GPU_SPECS
+    from memlab.hardware.hierarchy import GPU_SPECS
     assert PRESETS is gpus.PRESETS and GPU_SPECS is gpus.GPU_SPECS
     assert {k: (s.name, s.capacity, s.bf16) for k, s in PRESETS.items()} == {
         "T4-16GB": ("T4-16GB", 15095 * MiB, False), "L4-24GB": ("L4-24GB", 23570219008, True),

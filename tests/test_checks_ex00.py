@@ -1,6 +1,6 @@
 """Exercise 00's own check tests (tests/test_checks.py runs every exercise's solution and wrong submissions):
 the grader's references agree with independent counts, the hidden cases cover every branch, and the guards
-against the tracker and memlab.hierarchy work."""
+against the tracker and memlab.hardware.hierarchy work."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_calls_into_memlab_hierarchy_are_detected(monkeypatch, tmp_path):
     fake.write_text("def roofline(*a):\n    return {}\n")
     ns: dict = {}
     exec(compile(fake.read_text(), str(fake), "exec"), ns)
-    with pytest.raises(AssertionError, match="memlab.hierarchy"):
+    with pytest.raises(AssertionError, match="memlab.hardware.hierarchy"):
         ex00_run._roof_run(ex00_cases._roof_cases(False, random.Random(0))[0], lambda *a: ns["roofline"](*a))
 
 

@@ -92,13 +92,13 @@ def test_state_bytes_count_an_inner_optimizer_and_name_its_parameters():
 def test_no_shortcuts_catches_zero_redundancy_optimizer_and_memlab_zero():
     with pytest.raises(AssertionError, match="off limits"):
         with ex06_run.no_shortcuts("task6_3_rank_memory"):
-            memlab.estimate.zero_model_state_bytes(1000, 4, 2)
+            memlab.core.estimate.zero_model_state_bytes(1000, 4, 2)
     with pytest.raises(AssertionError, match="off limits"):
         with ex06_run.no_shortcuts("task6_3_rank_memory"):
-            from memlab import zero
+            from memlab.sharding import zero
             zero.comm_volume(1000, 2)
     with ex06_run.no_shortcuts("task6_3_rank_memory"):          # the rest of memlab is allowed
-        memlab.estimate.model_state_bytes(1000)
+        memlab.core.estimate.model_state_bytes(1000)
 
 
 def test_reference_run_dedupes_a_shared_weight_and_skips_frozen_and_unused():

@@ -14,7 +14,7 @@ import torch
 
 from autograder.checks.common import check, decode, encode
 from autograder.checks.ex09 import TASKS, cases as ex09_cases, refs as ex09_refs, run as ex09_run
-from memlab.dist.comm import CommCounter
+from memlab.sharding.comm import CommCounter
 from memlab.kit import ex09 as kit09
 
 ASSIGNMENT = "09_parallelism"

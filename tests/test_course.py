@@ -19,7 +19,7 @@ import pytest
 
 import course
 import memlab
-from memlab import recorded
+from memlab.hardware import recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -526,21 +526,21 @@ def test_known_library_noise_is_dropped_and_other_warnings_kept():
     seen = []
     handler = logging.Handler()
     handler.emit = seen.append
-    for name in memlab.device.NOISE:
+    for name in memlab.core.device.NOISE:
         logger = logging.getLogger(name)
-        # only memlab.device's own filter: other code in this process (a lesson's silence_libraries) may have
+        # only memlab.core.device's own filter: other code in this process (a lesson's silence_libraries) may have
         # added filters of its own to these loggers
         saved, level = logger.filters[:], logger.level
-        logger.filters = [f for f in saved if isinstance(f, memlab.device._DropMessages)]
+        logger.filters = [f for f in saved if isinstance(f, memlab.core.device._DropMessages)]
         logger.setLevel(logging.WARNING)
         logger.addHandler(handler)
         try:
-            logger.warning(f"{memlab.device.NOISE[name][0]} (as the library says it)")
+            logger.warning(f"{memlab.core.device.NOISE[name][0]} (as the library says it)")
             logger.warning("a warning that matters")
         finally:
             logger.removeHandler(handler)
             logger.filters, logger.level = saved, level
-    assert [r.getMessage() for r in seen] == ["a warning that matters"] * len(memlab.device.NOISE)
+    assert [r.getMessage() for r in seen] == ["a warning that matters"] * len(memlab.core.device.NOISE)
 
 
 def test_a_fresh_process_that_imports_memlab_shows_no_library_noise():

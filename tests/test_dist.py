@@ -1,4 +1,4 @@
-"""memlab.dist (ranks on one machine), memlab.zero and the lesson 06 training script."""
+"""memlab.sharding (ranks on one machine), memlab.sharding.zero and the lesson 06 training script."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import _dist_fns as fns
-from memlab import dist
-from memlab.dist import CommCounter, RankError, RankGroup, ring_bytes_sent
+from memlab import sharding
+from memlab.sharding import CommCounter, RankError, RankGroup, ring_bytes_sent
 from memlab.core.estimate import zero_model_state_bytes
 from memlab.core.models import GPTConfig
 from memlab.core.track import MemoryTracker
-from memlab.dist.zero import HostLinkCounter, comm_volume, deepspeed_buffers, follow_storage_resizes
-from memlab.dist.zero_scale import zero_rank_step
+from memlab.sharding.zero import HostLinkCounter, comm_volume, deepspeed_buffers, follow_storage_resizes
+from memlab.sharding.zero_scale import zero_rank_step
 
 ROOT = Path(__file__).resolve().parent.parent
 DS_PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optimizer", "torch.distributed.fsdp")
@@ -134,9 +134,9 @@ def test_bad_input():
     with pytest.raises(TypeError, match="preload"):
         RankGroup(2, preload="deepspeed")
     with pytest.raises(ValueError, match="top level"):
-        dist.run(lambda: 1)
+        sharding.run(lambda: 1)
     with pytest.raises(TypeError, match="fn must be a function"):
-        dist.run(3)
+        sharding.run(3)
     with pytest.raises(ValueError, match="payload"):
         ring_bytes_sent("all_reduce", -1, 2)
     with pytest.raises(ValueError, match="world_size"):
@@ -155,7 +155,7 @@ def test_bad_run_arguments(ranks):
     assert ranks.run(fns.whoami, 1)[0]["x"] == 1, "refused calls must leave the group usable"
 
 
-# ----------------------------------------------------------------------------- memlab.zero helpers
+# ----------------------------------------------------------------------------- memlab.sharding.zero helpers
 def test_ring_bytes_and_comm_volume():
     assert ring_bytes_sent("send", 1000, 4) == 1000 and ring_bytes_sent("recv", 1000, 4) == 0   # point to point
     assert ring_bytes_sent("all_reduce", 1000, 4) == 1500
@@ -247,7 +247,7 @@ def test_zero_rank_step_bad_input():
 
 
 def test_ds_config_checks_its_input():
-    from memlab.dist.zero_train import ds_config
+    from memlab.sharding.zero_train import ds_config
     cfg = ds_config(3, offload=False)
     assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
     assert ds_config(2, offload=True)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -260,7 +260,7 @@ def test_ds_config_checks_its_input():
 # ----------------------------------------------------------------------------- real DeepSpeed and FSDP2
 @pytest.mark.slow
 def test_deepspeed_and_fsdp2_per_rank_bytes_and_comm():
-    from memlab import zero_train as zt
+    from memlab.sharding import zero_train as zt
     with RankGroup(2, timeout=300, preload=DS_PRELOAD) as g:
         runs = {s: g.run(zt.deepspeed_run, s) for s in (0, 2, 3)}
         fsdp = g.run(zt.fsdp2_run)
@@ -284,14 +284,14 @@ def test_deepspeed_and_fsdp2_per_rank_bytes_and_comm():
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_training_script_runs_under_the_launchers(launcher):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    script = [str(ROOT / "memlab" / "dist" / "zero_train.py"), "--framework", "deepspeed", "--stage", "2"]
+    script = [str(ROOT / "memlab" / "sharding" / "zero_train.py"), "--framework", "deepspeed", "--stage", "2"]
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *script]
     else:
         exe = Path(sys.executable).parent / "deepspeed"
         if not exe.exists():
             pytest.skip("the deepspeed launcher is not installed next to this Python")
-        cmd = [str(exe), "--num_gpus", "2", "--master_port", str(dist.ranks._free_port()), *script]
+        cmd = [str(exe), "--num_gpus", "2", "--master_port", str(sharding.ranks._free_port()), *script]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -312,7 +312,7 @@ def test_a_deferred_group_starts_at_its_first_run():
 @pytest.mark.parametrize("stage", [1, 3])
 def test_per_gpu_peaks_extrapolation_matches_a_direct_run(stage):
     from memlab import VirtualGPU
-    from memlab.dist.zero_scale import per_gpu_peaks
+    from memlab.sharding.zero_scale import per_gpu_peaks
     cfg = GPTConfig.tiny(tie_weights=False, n_layer=5, n_embd=64, n_head=2, block_size=64)
     est = per_gpu_peaks(cfg, 2, 64, n_gpus=(1, 3), stages=(stage,), bucket=4096)
     for n in (1, 3):
@@ -324,7 +324,7 @@ def test_per_gpu_peaks_extrapolation_matches_a_direct_run(stage):
 
 
 def test_label_and_resize_following_restore_and_check():
-    from memlab.dist.zero import label
+    from memlab.sharding.zero import label
     with pytest.raises(TypeError, match="tensors"):
         with MemoryTracker(device="cpu"):
             label([3], "gradients")
@@ -336,7 +336,7 @@ def test_label_and_resize_following_restore_and_check():
 
 @pytest.mark.slow
 def test_hsdp_run_shards_inside_its_group_and_all_reduces_across_replicas():
-    from memlab.dist.zero_train import fsdp2_run, hsdp_run
+    from memlab.sharding.zero_train import fsdp2_run, hsdp_run
     with pytest.raises(ValueError, match="replicate"):
         hsdp_run(0)
     with pytest.raises(TypeError, match="reshard_after_forward"):

@@ -126,7 +126,7 @@ def test_zero_paper_figure_1_model_states():
         assert 7.4e9 < r.n_params < 7.6e9
         got = sum(r.model_states.values())
         assert abs(got / want - 1) < 0.012, (stage, got, want)
-        exact = memlab.estimate.zero_model_state_bytes(r.n_params, 64, stage)
+        exact = memlab.core.estimate.zero_model_state_bytes(r.n_params, 64, stage)
         assert abs(got / exact - 1) < 1e-3, (stage, got, exact)
 
 

@@ -1,4 +1,4 @@
-"""memlab.hierarchy: FLOPs/bytes formulas by hand and against PyTorch's FLOP counter,
+"""memlab.hardware.hierarchy: FLOPs/bytes formulas by hand and against PyTorch's FLOP counter,
 the roofline, the data-sheet table, timing and bandwidth helpers, and bad input."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from memlab import hierarchy as H
-from memlab import timing
+from memlab.hardware import hierarchy as H
+from memlab.hardware import timing
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

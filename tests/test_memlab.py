@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import memlab
 from benchmarks import zoo
-from memlab import estimate as E
+from memlab.core import estimate as E
 from memlab.plot import breakdown_bar, timeline, tradeoff
 from memlab.widgets import calculator_rows
 
@@ -302,7 +302,8 @@ def test_one_validation_module_names_the_argument_and_what_is_allowed():
 
 
 def test_one_dtype_size_function():
-    from memlab import attention, hierarchy
+    from memlab import attention
+    from memlab.hardware import hierarchy
     from memlab.core.dtypes import dtype_bytes
     assert attention.dtype_bytes is hierarchy.dtype_bytes is dtype_bytes
     for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn):

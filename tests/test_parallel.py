@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from memlab.attention import LLAMA_SHAPES, naive_attention
-from memlab.dist import RankGroup
+from memlab.sharding import RankGroup
 from memlab.parallel import (LINKS, PUBLISHED_LAYOUTS, Block, block_param_counts, bubble_fraction,
                              collective_seconds, in_flight_microbatches, korthikanti_layer_bytes, kv_head_split,
                              layer_activation_bytes, layout_bytes, link_bandwidth, merge_attention,

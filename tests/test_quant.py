@@ -1,4 +1,4 @@
-"""memlab.quant and memlab.qlora: byte formulas against real bitsandbytes tensors,
+"""memlab.quant and memlab.quant.qlora: byte formulas against real bitsandbytes tensors,
 the 4-bit stand-in against the real Linear4bit, LoRA counts against peft, the QLoRA
 estimator against measured steps, and bad input."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import memlab
-from memlab import llama as LL
-from memlab import qlora as QL
+from memlab.quant import llama as LL
+from memlab.quant import qlora as QL
 from memlab import quant as Q
 from memlab.core.models import tiny_llama_config
 
@@ -158,10 +158,10 @@ def test_llama_param_count_matches_models():
 
 
 def test_one_llama_counter_matches_transformers_on_meta():
-    # memlab.estimate.llama_param_groups is the one Llama counter: memlab.attention's (by shapes) and
-    # memlab.qlora's (by config) are it, and all three equal a real LlamaForCausalLM built on meta
+    # memlab.core.estimate.llama_param_groups is the one Llama counter: memlab.attention's (by shapes) and
+    # memlab.quant.qlora's (by config) are it, and all three equal a real LlamaForCausalLM built on meta
     from transformers import LlamaForCausalLM
-    from memlab import estimate as E
+    from memlab.core import estimate as E
     from memlab.attention import llama_param_count
     for kw in ({}, dict(num_key_value_heads=2), dict(num_key_value_heads=1, tie_word_embeddings=True),
                dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=200)):

@@ -6,6 +6,8 @@ a warning."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,34 @@ def test_the_wheel_and_sdist_build_and_the_wheel_works_outside_the_repository(tm
     out = subprocess.run([sys.executable, "-c", probe, str(site)], cwd=tmp_path, capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(site)}, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-1000:] + out.stderr[-2000:]
+
+
+def test_no_course_file_goes_through_a_legacy_module_path():
+    """memlab's old flat paths (memlab.estimate, memlab.models, memlab.dist, ...) stay importable for a learner's
+    older notebook only: every file of the course names the grouped path (memlab.core.estimate, memlab.sharding)."""
+    import re
+    from memlab import LEGACY_MODULES
+    names = "|".join(sorted(LEGACY_MODULES, key=len, reverse=True))
+    dotted = re.compile(rf"(?<![\w.])memlab\.({names})\b(?!\.py)|memlab/dist/")
+    imported = re.compile(rf"from memlab import [^\n]*\b({names})\b")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    found = []
+    for f in tracked:
+        if f in ("memlab/__init__.py", "tests/test_repo.py") or not f.endswith((".py", ".ipynb", ".md", ".toml")):
+            continue
+        text = (ROOT / f).read_text(encoding="utf-8", errors="replace")
+        found += [f"{f}: {m[0]}" for m in (*dotted.finditer(text), *imported.finditer(text))]
+    assert not found, f"use the grouped paths: {found[:10]} ({len(found)} in all)"
+
+
+def test_a_legacy_module_path_still_imports_the_same_module_and_warns_once():
+    code = ("import warnings\nwarnings.simplefilter('always')\nimport memlab\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from memlab.models import GPT\n    import memlab.models as m\n    import memlab.dist.zero as z\n"
+            "    assert m is memlab.core.models and GPT is memlab.GPT and z is memlab.sharding.zero\n"
+            "    assert memlab.estimate is memlab.core.estimate\n"
+            "print(sorted(str(x.message).split(' is now')[0] for x in w if x.category is FutureWarning))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['memlab.dist', 'memlab.estimate', 'memlab.models']", out.stdout

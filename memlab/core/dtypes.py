@@ -1,5 +1,5 @@
 """Bytes per element: the one table of dtype sizes (`memlab.attention.dtype_bytes` and
-`memlab.hierarchy.dtype_bytes` are this function).
+`memlab.hardware.hierarchy.dtype_bytes` are this function).
 
     dtype_bytes(torch.bfloat16) == dtype_bytes("bf16") == 2
     dtype_bytes("fp32") == dtype_bytes("float32") == dtype_bytes("tf32") == 4   # TF32 is stored as fp32

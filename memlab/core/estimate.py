@@ -68,7 +68,7 @@ def llama_param_groups(n_layer: int, n_head: int, n_kv_head: int, head_dim: int,
       total        their sum
 
     with L=n_layer, H=n_head, H_kv=n_kv_head, d=head_dim, C=hidden, F=ffn, V=vocab. The one Llama counter:
-    `memlab.attention.llama_param_count` and `memlab.qlora.llama_param_count` are this.
+    `memlab.attention.llama_param_count` and `memlab.quant.qlora.llama_param_count` are this.
     Llama-2-7B (32, 32, 32, 128, 4096, 11008, 32000): 6,738,415,616.
     """
     for name, val in (("n_layer", n_layer), ("n_head", n_head), ("n_kv_head", n_kv_head),

@@ -2,8 +2,8 @@
 dense peak FLOP/s per precision, the on-chip sizes - SMs, shared memory, L1, registers, L2 - and the host links,
 PCIe and NVLink) and the memory the real card reports (`total_memory`). Every figure names its document.
 
-Two views are derived from it: `GPU_SPECS` (the data sheets, read through `memlab.hierarchy`) and `PRESETS`
-(the virtual GPU's capacities, read through `memlab.virtual_gpu`).
+Two views are derived from it: `GPU_SPECS` (the data sheets, read through `memlab.hardware.hierarchy`) and `PRESETS`
+(the virtual GPU's capacities, read through `memlab.core.virtual_gpu`).
 """
 
 from __future__ import annotations

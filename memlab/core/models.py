@@ -333,7 +333,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None, x: tor
     Returns the loss as a Python float (never the tensor: holding it would keep
     the graph alive); on the virtual GPU's fake tensors, nan. `autocast_dtype`
     runs the forward under torch.autocast on x's device (on the virtual GPU with
-    CUDA's op lists, `memlab.virtual_gpu.cuda_autocast`); `scaler` is a
+    CUDA's op lists, `memlab.core.virtual_gpu.cuda_autocast`); `scaler` is a
     torch.amp.GradScaler for fp16 (on the virtual GPU: `gpu.grad_scaler()`).
     """
     if not isinstance(model, nn.Module):

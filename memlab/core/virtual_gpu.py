@@ -174,7 +174,7 @@ class VirtualGPU:
 
     VirtualGPU("A100-80GB") (names ignore case), VirtualGPU(capacity_gb=12) (GiB), or
     VirtualGPU("T4-16GB", capacity_gb=15) to override a preset's capacity. `reserve_gb` keeps that
-    many GiB out of reach, e.g. `reserve_gb=memlab.virtual_gpu.CUDA_CONTEXT_GB` for the CUDA context.
+    many GiB out of reach, e.g. `reserve_gb=memlab.core.virtual_gpu.CUDA_CONTEXT_GB` for the CUDA context.
     """
 
     device = torch.device("cpu")   # the device fake tensors report (see the module docstring)

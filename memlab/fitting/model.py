@@ -3,7 +3,7 @@
 with its optimizer, and one steady-state training step (or a prefill / forward).
 
 The model is made on the meta device and then given storage on the current default device (inside
-`VirtualGPU.run` that is fake storage), as `memlab.llama.finetune_llama` does for Llama, reusing its pieces
+`VirtualGPU.run` that is fake storage), as `memlab.quant.llama.finetune_llama` does for Llama, reusing its pieces
 (`give_storage`, `memlab.quant.Linear4bitStandIn`).
 """
 

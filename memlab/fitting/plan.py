@@ -44,7 +44,7 @@ __all__ = ["FitResult", "Plan", "fit", "fit_presets", "load_config", "context_by
 
 GiB, MiB = 2**30, 2**20
 # What a process holds on the card outside its tensors, when no recording of the card says otherwise:
-#   the CUDA context: memlab.virtual_gpu.CUDA_CONTEXT_GB (0.4 GiB), "around 400MB if CUDA >= 11.7 is used and lazy
+#   the CUDA context: memlab.core.virtual_gpu.CUDA_CONTEXT_GB (0.4 GiB), "around 400MB if CUDA >= 11.7 is used and lazy
 #     module loading enabled" (pytorch/pytorch issue 109888; it varies with the GPU, driver and CUDA version);
 #   cuBLAS's workspace: 8,519,680 B, the default CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8 (PyTorch docs, "CUDA
 #     semantics", cuBLAS workspaces), allocated through the caching allocator but not a tensor;
@@ -183,7 +183,7 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
     (mode="inference": a prefill of batch x seq tokens into a KV cache) on `gpu`?
 
     model       a preset (`fit_presets()`), a path to a Hugging Face config.json, a dict or a PretrainedConfig
-    gpu         a memlab.virtual_gpu preset ("T4-16GB", "L4-24GB", "A100-80GB" ...: the real total_memory),
+    gpu         a memlab.core.virtual_gpu preset ("T4-16GB", "L4-24GB", "A100-80GB" ...: the real total_memory),
                 a capacity in GiB, or a memlab.VirtualGPU
     method      "full" | "lora" (frozen base, fp32 adapters of rank lora_r on every linear but the head)
                 | "qlora" (the same on an NF4 base, the rest fp32: the QLoRA recipe, Dettmers et al. 2023)
@@ -199,8 +199,8 @@ def fit(model, gpu="L4-24GB", *, batch: int = 1, seq: int = 512, method: str = "
                 | "paged_adamw8bit" (bitsandbytes) | "auto" (the default: what the Hugging Face Trainer picks on the
                 installed torch, "adamw_fused" from torch 2.8 on)
     checkpointing "none" | "full" (every decoder layer) | "selective" (matmul outputs kept, the rest of
-                each layer recomputed: `memlab.fit_model.selective_policy`)
-    zero, gpus  ZeRO stage 0-3 on `gpus` data-parallel ranks: per-rank bytes (`memlab.fit_run.shard_phases`)
+                each layer recomputed: `memlab.fitting.model.selective_policy`)
+    zero, gpus  ZeRO stage 0-3 on `gpus` data-parallel ranks: per-rank bytes (`memlab.fitting.run.shard_phases`)
     micro_batch gradient accumulation: micro-batches of this size (must divide batch)
     offload     optimizer state and step on the CPU (ZeRO-Offload; needs zero >= 1)
     qlora_rest  method="qlora" only: the dtype of what is not quantized (embeddings, norms, head): "fp32", as

@@ -141,7 +141,7 @@ def _skeleton(cfg_key: str, cfg, method, dtype, r, attention, layers=None):
 
 
 def measure(config, plan) -> dict:
-    """Run `memlab.fit_model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
+    """Run `memlab.fitting.model.fit_step` on the virtual GPU with the model cut to BASE and BASE + 1 layers and extend
     to the config's depth. `config`: config.json contents (a dict, as `memlab.fitting.config.read_config` gives) or a
     transformers PretrainedConfig. Returns {"phases": {phase: {category: bytes, "total": bytes}}, "info": {...},
     "allocator": `allocator_bytes` of the deeper run}, cached per config and run options in this process and on disk
@@ -222,7 +222,7 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
 
       stage >= 1   optimizer state (incl. fp32 masters) and the step's scratch -> ceil(x / N); plus one
                    reduce bucket of the gradients' dtype in backward and step: DeepSpeed's default
-                   reduce_bucket_size (5e8 elements, memlab.zero_scale.DEEPSPEED_REDUCE_BUCKET), capped at
+                   reduce_bucket_size (5e8 elements, memlab.sharding.zero_scale.DEEPSPEED_REDUCE_BUCKET), capped at
                    the trainable parameter count (an assumption: a bucket is never larger than all grads)
       stage >= 2   gradients -> ceil(x / N)
       stage 3      parameters -> ceil(x / N) plus the largest module gathered at a time (one decoder layer
@@ -234,7 +234,7 @@ def shard_phases(phases: dict, info: dict, plan, bucket_elems: int | None = None
                    backward and step. (DeepSpeed's estimator: 2 bytes per parameter on the GPU; lesson 06
                    measures it.)
     The activations are untouched, and the moment of each phase's peak is taken to be unchanged."""
-    from ..dist.zero_scale import DEEPSPEED_REDUCE_BUCKET
+    from ..sharding.zero_scale import DEEPSPEED_REDUCE_BUCKET
     N, s = plan.gpus, plan.zero
     if plan.mode != "train" or (s == 0 and not plan.offload):
         return {ph: dict(d) for ph, d in phases.items()}

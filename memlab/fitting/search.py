@@ -21,7 +21,7 @@ _METHOD_RANK = {"full": 0, "lora": 1, "qlora": 2}
 
 
 def _sheet(gpu_name: str):
-    """The data sheet of a preset (memlab.gpu_specs.GPU_SPECS); L4-24GB's for any other GPU."""
+    """The data sheet of a preset (memlab.core.gpus.GPU_SPECS); L4-24GB's for any other GPU."""
     from ..core.gpus import GPU_SPECS
     return next((v for k, v in GPU_SPECS.items() if gpu_name.startswith(k)), GPU_SPECS["L4-24GB"])
 
@@ -34,7 +34,7 @@ HOST_BANDWIDTH = 51.2e9
 
 def extra_seconds(r: FitResult, parts: bool = False, host_bandwidth: float = HOST_BANDWIDTH):
     """The search's cost model: extra seconds per optimizer step a plan spends beside a plain step, from
-    the data sheet of the GPU (`memlab.gpu_specs`; L4-24GB's figures for a GPU not listed there):
+    the data sheet of the GPU (`memlab.core.gpus`; L4-24GB's figures for a GPU not listed there):
 
       recompute_flops / dense 16-bit tensor-core FLOP/s (fp32 precision: TF32, or FP32 without TF32)
       + offload_bytes / PCIe bandwidth of one direction (the data sheet's figure, both directions, / 2)

@@ -15,9 +15,9 @@ run as one kernel: every input read once and every output written once (a
 perfect cache inside the op, nothing kept on chip between ops). Real kernels
 move at least this much, so the attainable rate is an upper bound.
 
-The data-sheet table lives in `memlab.gpu_specs` and measuring (timing, copy
-bandwidth, matmul FLOP/s) in `memlab.timing`; their names are re-exported here
-so `memlab.hierarchy` is the one place to import from.
+The data-sheet table lives in `memlab.core.gpus` and measuring (timing, copy
+bandwidth, matmul FLOP/s) in `memlab.hardware.timing`; their names are re-exported here
+so `memlab.hardware.hierarchy` is the one place to import from.
 """
 
 from __future__ import annotations

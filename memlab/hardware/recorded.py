@@ -7,8 +7,8 @@ a real OOM and its recovery, a memory snapshot) and writes them to
 `memlab/hardware/recordings/<gpu>.json`, labelled with the GPU, driver, CUDA and torch
 versions, the date and the command. This module reads them back:
 
-    rec = memlab.recorded.load()            # the newest recording, or None when there is none yet
-    print(memlab.recorded.show("fragmentation"))   # labelled text, or a line saying there is no recording
+    rec = memlab.hardware.recorded.load()            # the newest recording, or None when there is none yet
+    print(memlab.hardware.recorded.show("fragmentation"))   # labelled text, or a line saying there is no recording
 
 Every text it returns starts with the label, so a recorded number is never
 mistaken for one measured on the learner's machine. Byte fields end in

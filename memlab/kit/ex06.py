@@ -3,7 +3,7 @@
 driver they run. The checks of exercise 06 run the learner's optimizer with the same pieces.
 
 `run_ranks(world, fn)`: the learner's classes live in the notebook's (or the grading harness's) IPython
-namespace, which a fresh interpreter cannot import, so `memlab.dist.RankGroup` (forkserver) cannot run them. A
+namespace, which a fresh interpreter cannot import, so `memlab.sharding.RankGroup` (forkserver) cannot run them. A
 forked child inherits them: `run_ranks` forks `world` children, each joins one gloo process group through a
 FileStore in a temporary folder (loopback only: it works inside the grading sandbox, which has no network but
 its own loopback), calls `fn(rank, world)` and sends back what it returns (plain data). A rank that raises is
@@ -36,7 +36,7 @@ import traceback
 import torch
 from torch import nn
 
-from ..dist.comm import CommCounter
+from ..sharding.comm import CommCounter
 
 
 # ----------------------------------------------------------------------------- N ranks forked from this process

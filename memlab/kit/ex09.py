@@ -25,7 +25,7 @@ from torch import nn
 
 from ..core.track import MemoryTracker, format_bytes
 from ..core.validate import int_at_least, one_of, pos_int
-from ..dist.comm import CommCounter, ring_bytes_sent
+from ..sharding.comm import CommCounter, ring_bytes_sent
 from .ex06 import RanksFailed, run_ranks
 
 __all__ = ["RanksFailed", "run_ranks", "linear_weights", "linear_input", "mlp_weights", "mlp_data",

@@ -1,9 +1,9 @@
 """Lesson 09's rank functions: tensor and sequence parallelism with `parallelize_module`, a pipeline with
 `torch.distributed.pipelining` (GPipe and 1F1B), ring attention over point-to-point sends, and a 2-D DeviceMesh.
-Each is measured on its own rank (memlab's tracker, memlab.dist.CommCounter, timestamps) and returns plain data.
+Each is measured on its own rank (memlab's tracker, memlab.sharding.CommCounter, timestamps) and returns plain data.
 
 The same functions run two ways, unchanged:
-  * from a notebook or a test, on CPU ranks (gloo):  memlab.dist.RankGroup(2).run(runs.tp_run, True)
+  * from a notebook or a test, on CPU ranks (gloo):  memlab.sharding.RankGroup(2).run(runs.tp_run, True)
   * on a multi-GPU machine (nccl, one GPU per rank; CPU ranks with gloo elsewhere):
         torchrun --nproc_per_node 2 memlab/parallel/runs.py --mode sp
 Run as a script, every rank prints one line of JSON with what it measured.
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from memlab.attention import naive_attention
 from memlab.core.track import MemoryTracker, active_trackers, phase
 from memlab.core.validate import flag, int_at_least, one_of, pos_int
-from memlab.dist.comm import CommCounter
-from memlab.dist.zero import ShardAwareTracker, label
+from memlab.sharding.comm import CommCounter
+from memlab.sharding.zero import ShardAwareTracker, label
 from memlab.parallel.layout import SCHEDULES, merge_attention
 from memlab.parallel.tp import Block, tp_plan
 

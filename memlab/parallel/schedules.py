@@ -14,7 +14,7 @@ GPipe with the re-materialisation it is published with, interleaved 1F1B, and tw
 The idea is `timeline`: play each rank's action order with fixed costs (F = I = W = 1, a full backward B = 2,
 +1 for every recomputed forward) and free communication, the papers' setting, which gives the bubble and the
 micro-batches in flight that order implies. `schedule_run` is the plumbing: it runs one step of a schedule on
-the ranks of a `memlab.dist.RankGroup` (or under torchrun) and records, for every action, when it ran and the
+the ranks of a `memlab.sharding.RankGroup` (or under torchrun) and records, for every action, when it ran and the
 activation bytes alive after it; the recorded order is what `timeline` plays.
 """
 
@@ -177,7 +177,7 @@ def schedule_run(schedule: str = "1f1b", n_micro: int = 4, layers: int = 4, micr
     from torch.distributed import pipelining
     from .tp import Block, layer_activation_bytes
     from ..core.track import MemoryTracker
-    from ..dist.comm import CommCounter
+    from ..sharding.comm import CommCounter
     cls_name, v = SCHEDULES[schedule]
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     p, r = dist.get_world_size(), dist.get_rank()

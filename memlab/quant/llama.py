@@ -111,7 +111,7 @@ def silence_libraries():
 # ----------------------------------------------------------------------------- models
 def tiny_llama(quant: str | None = None, *, dtype: torch.dtype = torch.float32, double_quant: bool = True,
                compute_dtype: torch.dtype = torch.bfloat16, device: str = "cpu", seed: int = 0, **config_kw):
-    """A randomly initialised `LlamaForCausalLM` from `memlab.models.tiny_llama_config(**config_kw)`.
+    """A randomly initialised `LlamaForCausalLM` from `memlab.core.models.tiny_llama_config(**config_kw)`.
 
     quant=None builds it in `dtype`. quant="nf4", "fp4" or "int8" saves it to a temporary
     folder and loads it back with `transformers.BitsAndBytesConfig` (load_in_4bit with that

@@ -1,5 +1,5 @@
 """LoRA and QLoRA on Llama-shaped models: parameter counts and a memory estimator
-(the models themselves are built by `memlab.llama`).
+(the models themselves are built by `memlab.quant.llama`).
 
 Notation: V vocabulary, C hidden size, F MLP width, L layers, H heads, kv = the
 width of k_proj/v_proj (num_key_value_heads * C / H), r the LoRA rank, B*T tokens.
@@ -63,7 +63,7 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
 
 def llama_param_count(cfg) -> dict[str, int]:
     """Parameters of a LlamaForCausalLM by group: embed (V*C), lm_head (V*C unless tied),
-    norms ((2L + 1) * C), projections (L * (2C^2 + 2C*kv + 3CF)), total: `memlab.estimate.llama_param_groups`
+    norms ((2L + 1) * C), projections (L * (2C^2 + 2C*kv + 3CF)), total: `memlab.core.estimate.llama_param_groups`
     read from the config (head_dim = C / H)."""
     V, C, F, L, H, _, tied = _dims(cfg)
     kvh = getattr(cfg, "num_key_value_heads", None) or H
@@ -157,7 +157,7 @@ def qlora_bytes(cfg, *, r: int = 16, targets=PROJECTIONS, batch: int = 1, seq: i
                  layer's MLP backward (three (B*T, F) fp32 gradients; the loss's tensors and the final
                  norm's are gone), with checkpointing after that layer's recomputation (+ its
                  activations); and the optimizer step (states + scratch,
-                 `memlab.estimate.optimizer_step_temp_bytes`). Not counted: the dequantized weight a
+                 `memlab.core.estimate.optimizer_step_temp_bytes`). Not counted: the dequantized weight a
                  4-bit matmul makes for an instant (at most C*F compute-dtype elements). Measured on the
                  tracker: exact with adapters on attention only; with adapters on the MLP the real peak
                  comes at another moment (down_proj's adapter frees its input first) and this errs high,

@@ -109,7 +109,7 @@ WRONG = {
     "library_shortcuts": {
         "replace": {S1: "from torch.distributed.optim import ZeroRedundancyOptimizer as ShardedOptimizer",
                     S3: """def rank_memory(numels, stage, world_size, layout):
-    total = int(memlab.estimate.zero_model_state_bytes(sum(numels), world_size, stage))
+    total = int(memlab.core.estimate.zero_model_state_bytes(sum(numels), world_size, stage))
     return {"params": 0, "grads": 0, "optimizer": total, "total": total}"""},
         "must_lose": ALL1 + ALL2 + ALL3},
 }

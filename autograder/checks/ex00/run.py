@@ -36,7 +36,7 @@ def _off_limits(task: str, tracker: bool = False):
     if tracker:
         memlab.MemoryTracker.__enter__ = refuse
     try:
-        with no_calls_into(task, HIERARCHY, "memlab.hierarchy or memlab.timing"):
+        with no_calls_into(task, HIERARCHY, "memlab.hardware.hierarchy or memlab.hardware.timing"):
             yield
     finally:
         if tracker:

@@ -172,7 +172,7 @@ def _gpt_run(case, CheckpointedGPT):
     except Exception as e:  # noqa: BLE001
         return {"problem": f"task2_4 ({desc}): CheckpointedGPT(cfg) raised {type(e).__name__}: {e}"}
     if not isinstance(mine, GPT):
-        return {"problem": f"task2_4: CheckpointedGPT must subclass memlab.models.GPT (got {type(mine).__mro__}); "
+        return {"problem": f"task2_4: CheckpointedGPT must subclass memlab.core.models.GPT (got {type(mine).__mro__}); "
                            f"override run_blocks(), keep the parameters"}
     try:
         mine.load_state_dict(plain.state_dict())

@@ -11,14 +11,14 @@ from ..common import no_calls
 
 
 # ----------------------------------------------------------------------------- what the learner may not call
-OFF_LIMITS = ("torch.distributed.optim.ZeroRedundancyOptimizer, DeepSpeed, memlab.zero* and "
-              "memlab.estimate.zero_model_state_bytes")
+OFF_LIMITS = ("torch.distributed.optim.ZeroRedundancyOptimizer, DeepSpeed, memlab.sharding.zero* and "
+              "memlab.core.estimate.zero_model_state_bytes")
 
 
 def _forbidden(filename: str, name: str) -> bool:
     f = filename.replace(os.sep, "/")
     return (f.endswith("/zero_redundancy_optimizer.py") or "/deepspeed/" in f
-            or f.endswith(("/memlab/dist/zero.py", "/memlab/dist/zero_train.py", "/memlab/dist/zero_scale.py"))
+            or f.endswith(tuple(f"/memlab/sharding/{m}.py" for m in ("zero", "zero_train", "zero_scale")))
             or (f.endswith("/memlab/core/estimate.py") and name == "zero_model_state_bytes"))
 
 

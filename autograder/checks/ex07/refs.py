@@ -21,7 +21,7 @@ the recipe of the task. One training step runs under memlab.MemoryTracker:
   activations kept + recomputed.
 
 A tiny config is measured on real CPU tensors at its own depth. A full-size config runs on memlab.VirtualGPU
-(fake tensors): cut to 1 and 2 layers, and extended linearly to L layers, as memlab.dist.zero_scale.per_gpu_peaks
+(fake tensors): cut to 1 and 2 layers, and extended linearly to L layers, as memlab.sharding.zero_scale.per_gpu_peaks
 does (every layer after the first is the same, so `kept` grows by the same bytes per layer and `recomputed`
 is the same for every L >= 2); tests/test_checks_ex07.py checks that extension against a full-depth run.
 Measurements are cached per case, so a class's learners share them.
@@ -191,7 +191,7 @@ def _tensors(out):
 def activation_step(cfg, r, batch, seq, checkpointing, out):
     """One QLoRA training step (forward, backward, AdamW step); writes `kept` and `recomputed` (bytes,
     see the module docstring) into `out`. Runs inside a MemoryTracker (VirtualGPU.run makes one)."""
-    tracker = memlab.track.active_trackers()[-1]
+    tracker = memlab.core.track.active_trackers()[-1]
     model = qlora_model(cfg, r, seq, checkpointing)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     tracker.watch(model, opt)

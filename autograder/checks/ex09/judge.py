@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from memlab.dist.comm import ring_bytes_sent
+from memlab.sharding.comm import ring_bytes_sent
 from memlab.kit.ex09 import linear_weights
 
 from ..common import allclose, expect_int, expect_type

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from memlab.dist.comm import CommCounter
+from memlab.sharding.comm import CommCounter
 from memlab.kit.ex09 import linear_weights, mlp_data, mlp_weights, run_ranks
 
 from ..common import no_calls

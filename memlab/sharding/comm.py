@@ -1,4 +1,4 @@
-"""memlab.comm: count the bytes of every collective a process issues.
+"""memlab.sharding.comm: count the bytes of every collective a process issues.
 
 `CommCounter` is a `TorchDispatchMode`: eager calls (`dist.all_reduce`, ...) reach the
 dispatcher as `c10d.*` ops and functional collectives as `_c10d_functional.*` ops, so it

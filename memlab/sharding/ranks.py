@@ -1,7 +1,7 @@
-"""memlab.dist: start N ranks on one machine, run a function on each, bring plain data back.
+"""memlab.sharding: start N ranks on one machine, run a function on each, bring plain data back.
 
-    from memlab import dist
-    with dist.RankGroup(4) as ranks:                 # 4 processes, gloo on CPU (nccl on >= 4 GPUs)
+    from memlab import sharding
+    with sharding.RankGroup(4) as ranks:                 # 4 processes, gloo on CPU (nccl on >= 4 GPUs)
         values = ranks.run(my_module.fn, 128)        # fn(128) on every rank -> [value of rank 0, 1, 2, 3]
         results = ranks.run_tracked(my_module.fn, 128)   # + memory by category and bytes by collective
 
@@ -26,7 +26,7 @@ ranks die with it (Linux parent-death signal; elsewhere they end when their pipe
 closes, between jobs). What the ranks print (DeepSpeed's logging, warnings) goes to
 a log per rank, `ranks.log(r)`, not into the notebook.
 
-`CommCounter` (from memlab.comm) counts the bytes of every collective a rank issues.
+`CommCounter` (from memlab.sharding.comm) counts the bytes of every collective a rank issues.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ ZeRO (stages 0-3, optionally with the optimizer offloaded) or FSDP2, measured on
 
 The same functions run three ways, unchanged:
   * from a notebook or a test, on CPU ranks (gloo):
-        memlab.dist.RankGroup(4).run(memlab.zero_train.deepspeed_run, 2)
+        memlab.sharding.RankGroup(4).run(memlab.sharding.zero_train.deepspeed_run, 2)
   * on a multi-GPU machine (nccl, one GPU per rank):
-        torchrun --nproc_per_node 4 memlab/dist/zero_train.py --framework deepspeed --stage 3
+        torchrun --nproc_per_node 4 memlab/sharding/zero_train.py --framework deepspeed --stage 3
   * or with DeepSpeed's launcher:
-        deepspeed --num_gpus 4 memlab/dist/zero_train.py --framework deepspeed --stage 3
+        deepspeed --num_gpus 4 memlab/sharding/zero_train.py --framework deepspeed --stage 3
 Run as a script, every rank prints one line of JSON with what it measured. Without GPUs both
 launchers run it on CPU ranks with gloo (for `deepspeed`, set DS_ACCELERATOR=cpu).
 
@@ -15,7 +15,7 @@ What a run measures (on its own rank), for the last of `steps` training steps (t
 creates the optimizer state): the live bytes by category when autograd's backward pass ends
 ("end_of_backward": parameters, gradients and optimizer state coexist), just before the
 optimizer step (after the framework's own gradient reduction) and after it, the peak of the step,
-the bytes of every collective (memlab.dist.CommCounter) and, with offload, the bytes copied
+the bytes of every collective (memlab.sharding.CommCounter) and, with offload, the bytes copied
 between device and host. Everything comes back as plain data.
 """
 
@@ -34,12 +34,12 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from memlab.dist.comm import CommCounter
+from memlab.sharding.comm import CommCounter
 from memlab.core.models import GPT, GPTConfig
 from memlab.core.track import CATEGORIES, phase, watch
 from memlab.core.validate import flag, int_at_least, one_of, pos_int
-from memlab.dist.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
-from memlab.dist.zero import label as label_as
+from memlab.sharding.zero import HostLinkCounter, ShardAwareTracker, follow_storage_resizes, label_deepspeed
+from memlab.sharding.zero import label as label_as
 
 __all__ = ["model_config", "ds_config", "quiet_deepspeed", "ddp_run", "deepspeed_run", "fsdp2_run",
            "hf_trainer_run", "main", "hsdp_run"]
@@ -87,7 +87,7 @@ def ds_config(stage: int, *, offload: bool = False, bucket: int = 2**17, micro_b
 def quiet_deepspeed():
     """Import DeepSpeed for this rank without its noise and without a C++ build.
 
-    DS_ACCELERATOR=cpu (set by memlab.dist on gloo) picks DeepSpeed's CPU accelerator; its
+    DS_ACCELERATOR=cpu (set by memlab.sharding on gloo) picks DeepSpeed's CPU accelerator; its
     communication backend would otherwise compile a shared-memory all-reduce kernel (used only by
     inference) with the system compiler the first time it starts: we mark that kernel unavailable
     in the table DeepSpeed consults. INFO logging and torch.distributed's deprecation warnings off.
@@ -308,7 +308,7 @@ def hf_trainer_run(stage: int = 2, steps: int = 2) -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=Tokens())
     result = trainer.train()
     engine = trainer.model_wrapped
-    from memlab.dist.zero import deepspeed_buffers
+    from memlab.sharding.zero import deepspeed_buffers
     bufs = deepspeed_buffers(engine.optimizer, next(engine.module.parameters()).device.type)
     return {"loss": result.training_loss, "stage": engine.zero_optimization_stage(),
             "n_params": n_params,

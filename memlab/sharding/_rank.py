@@ -1,4 +1,4 @@
-"""What runs inside a rank process of `memlab.dist.RankGroup` (kept apart from the parent's side).
+"""What runs inside a rank process of `memlab.sharding.RankGroup` (kept apart from the parent's side).
 
 A rank: leads its own process group (so the parent's `os.killpg` also takes what it starts),
 asks Linux to kill it when its parent dies, sends its output to its log file, joins the

@@ -5,7 +5,7 @@ Notation (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training T
 Parameter Models", Sec. 3 and 7): Psi parameters, N data-parallel ranks, mixed-precision
 Adam with K = 12 bytes/param of optimizer state (fp32 master weights, momentum, variance),
 2-byte weights and 2-byte gradients. Per-rank model-state bytes are
-`memlab.estimate.zero_model_state_bytes`; this module adds what that formula leaves out.
+`memlab.core.estimate.zero_model_state_bytes`; this module adds what that formula leaves out.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def comm_volume(n_params: int, stage: int, bytes_per_element: int = 2, world_siz
     all-gather the updated parameters (Psi): 2 Psi, the same. ZeRO-3 all-gathers the parameters
     in the forward (Psi) and again in the backward (Psi) and reduce-scatters the gradients (Psi):
     3 Psi, 1.5x data parallel. `world_size` given: multiply by (N-1)/N, the share a rank sends with
-    ring algorithms (`memlab.dist.ring_bytes_sent`); None: the paper's volume.
+    ring algorithms (`memlab.sharding.ring_bytes_sent`); None: the paper's volume.
     """
     pos_int("n_params", n_params)
     one_of("stage", stage, STAGES)
