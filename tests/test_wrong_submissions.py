@@ -12,6 +12,8 @@ across workers (grouping marks are not honoured by every pytest-xdist and pytest
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import nbformat
@@ -91,6 +93,15 @@ def untouched_problems(spec, res) -> list[str]:
     return [f"an untouched exercise earned {s} points on {g}" for g, (s, _) in got.items() if s]
 
 
+def leaks(reason: str) -> bool:
+    """Whether a hidden cell's feedback states a value (a number, or a bracketed or quoted value holding a digit):
+    the learner's own result on a hidden case tells of the case as much as the reference's does. The line of the
+    learner's own cell that raised an error is no hidden value."""
+    from autograder.trusted import _GROUP, _NUMBER
+    text = re.sub(r"\(line \d+ of the cell\)", "", reason)
+    return bool(_NUMBER.search(text)) or any(any(c.isdigit() for c in m[0]) for m in _GROUP.finditer(text))
+
+
 def wrong_problems(spec, res, learner, excused) -> list[str]:
     want = graded_cells(spec.ASSIGNMENT)
     problems = []
@@ -108,6 +119,8 @@ def wrong_problems(spec, res, learner, excused) -> list[str]:
             elif len(res.reasons.get(who, {}).get(gid) or "") < 40:
                 problems.append(f"{name}: {gid} lost its points without a message that teaches: "
                                 f"{res.reasons.get(who, {}).get(gid)!r}")
+            elif gid.endswith("_hidden") and leaks(res.reasons[who][gid]):
+                problems.append(f"{name}: {gid}'s hidden feedback states a value: {res.reasons[who][gid]!r}")
         for gid in w.get("must_keep", []):
             if gid not in excused[name] and got.get(gid, (None,))[0] != want[gid]:
                 problems.append(f"{name} ({who}): {gid} should keep {want[gid]} points, scored {got.get(gid)} "
