@@ -122,7 +122,7 @@ def test_hidden_plan_cases_draw_one_problem_of_each_kind(monkeypatch):
             f, p = ex08_cases.FAMILY[c["kind"]], c["problem"]
             check_problem(p)
             assert (p["model"], p["gpu"]) == (f["model"], f["gpu"]) and p["batch"] in ex08_cases.BATCHES
-            assert f["seq"][0] <= p["seq"] <= f["seq"][1] and p["seq"] % 128 == 0
+            assert (p["batch"], p["seq"]) in ex08_cases.sizes(c["kind"])
             assert f["headroom"] is None or f["headroom"][0] <= p["headroom"] <= f["headroom"][1]
             assert f["offload_ok"] is None or p["offload_ok"] is f["offload_ok"]
             assert p["lora_r"] in f["ranks"]
@@ -413,11 +413,6 @@ def test_the_qlora_and_lora_kinds_draw_different_ranks():
     assert not set(ex08_cases.FAMILY["qlora"]["ranks"]) & set(ex08_cases.FAMILY["lora"]["ranks"])
 
 
-def _sizes(kind):
-    f = ex08_cases.FAMILY[kind]
-    return [(b, 128 * k) for b in ex08_cases.BATCHES for k in range(f["seq"][0] // 128, f["seq"][1] // 128 + 1)]
-
-
 @pytest.mark.slow
 def test_family_offload_every_size_teaches_the_verdict_and_the_order():
     """At every size of the "offload" kind memlab.fit's runs leave a headroom window (refs.trap_windows), and with a
@@ -428,7 +423,7 @@ def test_family_offload_every_size_teaches_the_verdict_and_the_order():
     ns = _namespace()
     peak = _namespace(wrong.WRONG["peak_instead_of_the_verdict"]["replace"])["plan_for"]
     swapped = _namespace(wrong.WRONG["micro_batches_before_checkpointing"]["replace"])["plan_for"]
-    for i, (batch, seq) in enumerate(_sizes("offload")):
+    for i, (batch, seq) in enumerate(ex08_cases.sizes("offload")):
         f = ex08_cases.FAMILY["offload"]
         p = {"model": f["model"], "gpu": f["gpu"], "batch": batch, "seq": seq, "headroom": 0.0, "lora_r": 8,
              "offload_ok": True}

@@ -112,7 +112,8 @@ def state_cases(hidden, r):
 #            batch fits as well (a plan_for that tries fewer micro-batches before no checkpointing returns that).
 # The LoRA ranks of the "qlora" and "lora" kinds do not overlap, so a rank written into plan_for fails a kind.
 # Batches are small (2 or 4 sequences: divisors 1, 2, 4), so a walk measures few plans; memlab.fit keeps each
-# measured step on disk, and the draws come from few enough sizes that a class's later runs read most of them.
+# measured step on disk, and sequences are drawn at the two ends of each kind's range (where the tests prove the
+# kind), so that later runs and a class's later learners read most of the judge's runs back.
 RANKS = (8, 16, 32, 64)
 FAMILY = {
     "qlora": {"model": "llama-3.1-8b", "gpu": "T4-16GB", "seq": (768, 1024), "headroom": (0.04, 0.10),
@@ -127,13 +128,19 @@ VISIBLE_PROBLEM = {"model": "llama-2-7b", "gpu": "L4-24GB", "batch": 4, "seq": 5
                    "offload_ok": False}
 
 
+def sizes(kind) -> list[tuple[int, int]]:
+    """(batch, seq) of the problems of `kind`: the ends of its seq range, where tests/test_checks_ex08.py proves the
+    kind's answer (few sizes: the judge's memlab.fit runs are read back from its disk cache run after run)."""
+    return [(b, seq) for b in BATCHES for seq in FAMILY[kind]["seq"]]
+
+
 def draw_problem(kind, r):
     """A problem of `kind`. The "offload" kind's headroom comes from memlab.fit's runs of its branch (refs.py): the
     sizes are drawn again until one has a window (every size of the family has one: tests/test_checks_ex08.py)."""
     f = FAMILY[kind]
-    sizes = [(b, 128 * k) for b in BATCHES for k in range(f["seq"][0] // 128, f["seq"][1] // 128 + 1)]
-    r.shuffle(sizes)
-    for batch, seq in sizes:
+    order = sizes(kind)
+    r.shuffle(order)
+    for batch, seq in order:
         p = {"model": f["model"], "gpu": f["gpu"], "batch": batch, "seq": seq, "headroom": 0.0,
              "lora_r": r.choice(f["ranks"]),
              "offload_ok": r.random() < 0.5 if f["offload_ok"] is None else f["offload_ok"]}
