@@ -111,15 +111,16 @@ def state_cases(hidden, r):
 #            plan_for that reads measure(plan)["peak"] instead of ["fits"] returns it), and checkpointing the whole
 #            batch fits as well (a plan_for that tries fewer micro-batches before no checkpointing returns that).
 # The LoRA ranks of the "qlora" and "lora" kinds do not overlap, so a rank written into plan_for fails a kind.
-# Batches are small (2 or 4 sequences: divisors 1, 2, 4), so a walk measures few plans; memlab.fit keeps each
-# measured step on disk, and sequences are drawn at the two ends of each kind's range (where the tests prove the
-# kind), so that later runs and a class's later learners read most of the judge's runs back.
+# Batches are small (2 or 4 sequences: divisors 1, 2, 4; the "lora" kind, whose answer checkpoints, 2), so a walk
+# measures few plans; memlab.fit keeps each measured step on disk, and sequences are drawn at the two ends of each
+# kind's range (where the tests prove the kind), so that later runs and a class's later learners read most of the
+# judge's runs back.
 RANKS = (8, 16, 32, 64)
 FAMILY = {
     "qlora": {"model": "llama-3.1-8b", "gpu": "T4-16GB", "seq": (768, 1024), "headroom": (0.04, 0.10),
               "ranks": (8, 16, 32), "offload_ok": None},
     "lora": {"model": "llama-3.1-8b", "gpu": "L4-24GB", "seq": (384, 512), "headroom": (0.05, 0.08),
-             "ranks": (64,), "offload_ok": False},
+             "ranks": (64,), "offload_ok": False, "batches": (2,)},
     "offload": {"model": "llama-2-7b", "gpu": "L4-24GB", "seq": (512, 640), "headroom": None,
                 "ranks": RANKS, "offload_ok": True},
 }
@@ -131,7 +132,7 @@ VISIBLE_PROBLEM = {"model": "llama-2-7b", "gpu": "L4-24GB", "batch": 4, "seq": 5
 def sizes(kind) -> list[tuple[int, int]]:
     """(batch, seq) of the problems of `kind`: the ends of its seq range, where tests/test_checks_ex08.py proves the
     kind's answer (few sizes: the judge's memlab.fit runs are read back from its disk cache run after run)."""
-    return [(b, seq) for b in BATCHES for seq in FAMILY[kind]["seq"]]
+    return [(b, seq) for b in FAMILY[kind].get("batches", BATCHES) for seq in FAMILY[kind]["seq"]]
 
 
 def draw_problem(kind, r):
