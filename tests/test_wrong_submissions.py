@@ -94,12 +94,11 @@ def untouched_problems(spec, res) -> list[str]:
 
 
 def leaks(reason: str) -> bool:
-    """Whether a hidden cell's feedback states a value (a number, or a bracketed or quoted value holding a digit):
-    the learner's own result on a hidden case tells of the case as much as the reference's does. The line of the
-    learner's own cell that raised an error is no hidden value."""
-    from autograder.trusted import _GROUP, _NUMBER
-    text = re.sub(r"\(line \d+ of the cell\)", "", reason)
-    return bool(_NUMBER.search(text)) or any(any(c.isdigit() for c in m[0]) for m in _GROUP.finditer(text))
+    """Whether a hidden cell's feedback states a value (a standalone number, with or without its unit: digits inside
+    a name such as float64 or task0_1 are no value): the learner's own result on a hidden case tells of the case as
+    much as the reference's does. The line of the learner's own cell that raised an error is no hidden value."""
+    from autograder.trusted import _NUMBER
+    return bool(_NUMBER.search(re.sub(r"\(line \d+ of the cell\)", "", reason)))
 
 
 def wrong_problems(spec, res, learner, excused) -> list[str]:
