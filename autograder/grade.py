@@ -308,10 +308,11 @@ def grade_class(submissions: Path, assignment: str, timeout: float = 1800, cours
         for sid, nb in learners.items():
             (copies / f"{sid}.ipynb").write_text(__import__("json").dumps(nb), encoding="utf-8")
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            # the judges share memlab.fit's runs (exercise 08 judges plans with it) in a folder outside the sandbox's
-            # reach: MEMLAB_FIT_CACHE's if it is set (empty: none), else one for this run
+            # the judges share memlab.fit's runs (exercise 08 draws its cases and judges plans with it) with the case
+            # generation in this process, in a folder outside the sandbox's reach: MEMLAB_FIT_CACHE's if it is set
+            # (empty: none), else memlab.fit's own cache in the grader's user folder (memlab/fitting/run.py)
             env_cache = os.environ.get("MEMLAB_FIT_CACHE")
-            fit_cache = Path(tmp) / "fit-cache" if env_cache is None else Path(env_cache) if env_cache else None
+            fit_cache = Path(env_cache) if env_cache else None
             futs = {pool.submit(grade_notebook, copies / f"{sid}.ipynb", ex, stage=stage, sandbox=sandbox,
                                 limits=limits, fit_cache=fit_cache): sid for sid in learners}
             for i, fut in enumerate(as_completed(futs), 1):

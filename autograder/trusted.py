@@ -215,6 +215,7 @@ class Graded:
 # cases, refs and judge: the trusted side) stays with the grader and is never copied where a learner's process runs.
 LEARNER_SIDE = ("__init__.py", "inputs.py", "run.py")
 PROTOCOL_SECONDS = 120          # a harness that takes longer than this to start (before any learner code) is broken
+REPLY_MARGIN = 15               # seconds past a case's own time limit (the harness's alarm) before the grader stops
 
 
 def stage_course_code(dst: Path) -> Path:
@@ -358,7 +359,7 @@ def converse(session, job: dict, probes: list[dict], case_timeout: float) -> Con
         session.freeze(64 if p.get("spawns") else 0)
         session.window_open()
         sent = session.send({"probe": nonce, "task": p["task"], "case": p["case"]})
-        r = next_line(case_timeout + 15, nonce) if sent else None
+        r = next_line(case_timeout + REPLY_MARGIN, nonce) if sent else None
         growth = session.window_close()
         session.thaw()
         if growth is not None:
