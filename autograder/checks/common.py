@@ -214,17 +214,19 @@ def no_calls(task: str, forbidden, message: str):
     hits: list[str] = []
     previous = sys.getprofile()
     replacing = (sys.setprofile, sys.settrace)
+    watching = [True]
 
     def profile(frame, event, arg):
         if event == "call" and forbidden(frame.f_code.co_filename, frame.f_code.co_name):
             hits.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
-        elif event == "c_call" and arg in replacing:       # switching this hook off would hide what follows
+        elif event == "c_call" and watching[0] and arg in replacing:   # switching this hook off hides what follows
             hits.append("sys:setprofile")
 
     sys.setprofile(profile)
     try:
         yield
     finally:
+        watching[0] = False
         if sys.getprofile() is not profile:
             hits.append("sys:setprofile")
         sys.setprofile(previous)
